@@ -1,0 +1,80 @@
+"""Functions of the default table-booking agent.
+
+`state`, `secrets`, `respond`, `EventTrigger` and `ToolError` come from the runtime: no import.
+"""
+
+import bookings_db
+
+# The demo works without any secret; set one to make confirmation codes unguessable:
+#   voice-agent secrets set booking_code_key
+_DEMO_KEY = "demo-key-set-booking_code_key"
+
+
+def quote_booking() -> dict:
+    """Read the collected booking back to the caller before it is made."""
+    spoken = bookings_db.spoken_datetime(state["when"])
+    state["when_spoken"] = spoken
+    return {"spoken": spoken}
+
+
+def book_table(party_size: int, when: str, name: str, phone: str, seating: str = "indoor") -> dict:
+    """Book a table and return its confirmation code.
+
+    Args:
+        party_size: How many people.
+        when: Date and time, ISO format (YYYY-MM-DDTHH:MM).
+        name: Name the booking is under.
+        phone: The caller's phone number, digits only.
+        seating: indoor or terrace.
+    """
+    if not 1 <= party_size <= 12:
+        raise ToolError("we can seat parties of one to twelve people")
+    key = secrets.get("booking_code_key") or _DEMO_KEY
+    code = bookings_db.confirmation_code(key, phone, when, party_size)
+    bookings_db.save(
+        {"code": code, "phone": phone, "name": name, "party_size": party_size, "at": when,
+         "seating": seating}
+    )
+    state["booking_code"] = code
+    return {"code": code, "spaced_code": " ".join(code), "spoken": bookings_db.spoken_datetime(when)}
+
+
+def find_booking(phone: str) -> dict:
+    """Find the caller's booking by phone number."""
+    booking = bookings_db.find_by_phone(phone)
+    if booking is None:
+        digits = " ".join(phone)
+        raise ToolError(f"I couldn't find a booking under {digits}.")
+    state["booking_code"] = booking["code"]
+    state["party_size"] = booking["party_size"]
+    state["when"] = booking["at"]
+    return {**booking, "spoken": bookings_db.spoken_datetime(booking["at"])}
+
+
+def change_booking(booking_code: str, party_size: int, when: str) -> dict:
+    """Move the booking to a new time and/or party size."""
+    bookings_db.update(booking_code, party_size=party_size, at=when)
+    return {"spoken": bookings_db.spoken_datetime(when), "party_size": party_size}
+
+
+def cancel_booking(booking_code: str) -> dict:
+    """Cancel the booking."""
+    bookings_db.cancel(booking_code)
+    state["booking_code"] = None
+    return {"cancelled": booking_code}
+
+
+def update_phone(new_phone: str) -> None:
+    """Remember a new phone number for the caller."""
+    state["phone"] = new_phone
+
+
+def what_is_my_name() -> str:
+    """The caller's name, as far as we know it."""
+    return state.get("name") or "I don't know your name yet"
+
+
+@EventTrigger(event="dtmf")
+def on_keypad(digit: str):
+    if digit == "0":
+        respond("We're open every day from noon to eleven pm.")

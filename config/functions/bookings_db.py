@@ -1,0 +1,77 @@
+"""Table bookings kept in SQLite under the data directory, shared by the booking agents."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import sqlite3
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS bookings (
+    code TEXT PRIMARY KEY,
+    phone TEXT NOT NULL,
+    name TEXT NOT NULL,
+    party_size INTEGER NOT NULL,
+    at TEXT NOT NULL,
+    seating TEXT NOT NULL,
+    cancelled INTEGER NOT NULL DEFAULT 0
+)
+"""
+
+
+def _connect() -> sqlite3.Connection:
+    data_dir = Path(os.environ.get("VOICE_AGENT_DATA_DIR", "data"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(data_dir / "bookings.sqlite3", timeout=5)
+    connection.row_factory = sqlite3.Row
+    connection.execute(_SCHEMA)
+    return connection
+
+
+def confirmation_code(key: str, phone: str, at: str, party_size: int) -> str:
+    """Six letters a caller can read back; HMAC so codes cannot be guessed without the key."""
+    digest = hmac.new(key.encode(), f"{phone}|{at}|{party_size}".encode(), hashlib.sha256)
+    letters = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+    number = int.from_bytes(digest.digest()[:8], "big")
+    return "".join(letters[(number >> (5 * i)) % len(letters)] for i in range(6))
+
+
+def spoken_datetime(at: str) -> str:
+    moment = datetime.fromisoformat(at)
+    hour = moment.strftime("%I").lstrip("0")
+    minutes = "" if moment.minute == 0 else moment.strftime(":%M")
+    return f"{moment.strftime('%A, %B')} {moment.day} at {hour}{minutes} {moment.strftime('%p')}"
+
+
+def save(row: dict[str, Any]) -> None:
+    with _connect() as connection:
+        connection.execute(
+            "INSERT OR REPLACE INTO bookings (code, phone, name, party_size, at, seating)"
+            " VALUES (:code, :phone, :name, :party_size, :at, :seating)",
+            row,
+        )
+
+
+def find_by_phone(phone: str) -> dict[str, Any] | None:
+    with _connect() as connection:
+        row = connection.execute(
+            "SELECT * FROM bookings WHERE phone = ? AND cancelled = 0 ORDER BY at DESC LIMIT 1",
+            (phone,),
+        ).fetchone()
+    return dict(row) if row else None
+
+
+def update(code: str, **changes: Any) -> None:
+    assignments = ", ".join(f"{column} = :{column}" for column in changes)
+    with _connect() as connection:
+        connection.execute(f"UPDATE bookings SET {assignments} WHERE code = :code",
+                           {**changes, "code": code})
+
+
+def cancel(code: str) -> None:
+    with _connect() as connection:
+        connection.execute("UPDATE bookings SET cancelled = 1 WHERE code = ?", (code,))

@@ -1,0 +1,71 @@
+"""Functions and code blocks of the LLM concierge agent (same bookings as the flow agent)."""
+
+import bookings_db
+
+_DEMO_KEY = "demo-key-set-booking_code_key"
+
+
+@Action
+def book_table(party_size: int, when: str, name: str, phone: str, seating: str = "indoor") -> dict:
+    """Book a table.
+
+    Args:
+        party_size: How many people (1 to 12).
+        when: Date and time in ISO format, YYYY-MM-DDTHH:MM.
+        name: Name the booking is under.
+        phone: Phone number, digits only.
+        seating: indoor or terrace.
+    """
+    if not 1 <= party_size <= 12:
+        raise ToolError("we can seat parties of one to twelve people")
+    key = secrets.get("booking_code_key") or _DEMO_KEY
+    code = bookings_db.confirmation_code(key, phone, when, party_size)
+    bookings_db.save(
+        {"code": code, "phone": phone, "name": name, "party_size": party_size, "at": when,
+         "seating": seating}
+    )
+    state["booking_code"] = code
+    state["phone"] = phone
+    return {"code": code, "when": bookings_db.spoken_datetime(when)}
+
+
+def find_booking(phone: str) -> dict:
+    """Find the caller's current booking by phone number.
+
+    Args:
+        phone: Phone number, digits only.
+    """
+    booking = bookings_db.find_by_phone(phone)
+    if booking is None:
+        raise ToolError("no booking under that number")
+    state["booking_code"] = booking["code"]
+    return {**booking, "when": bookings_db.spoken_datetime(booking["at"])}
+
+
+def cancel_booking(booking_code: str) -> dict:
+    """Cancel a booking found with find_booking.
+
+    Args:
+        booking_code: The code find_booking returned.
+    """
+    bookings_db.cancel(booking_code)
+    state["booking_code"] = None
+    return {"cancelled": True}
+
+
+@BeforeModelTrigger('$session.params.should_escalate = true AND $session.params.escalated != true')
+def calm_down():
+    state["escalated"] = True
+    respond("I'm sorry this has been frustrating. Let me take you through it step by step.")
+
+
+@BeforeActionTrigger('$next-action.name = "cancel_booking" AND $session.params.booking_code = null')
+def find_before_cancel():
+    # Cancelling needs a booking; look it up first when we already know the phone number.
+    if state.get("phone"):
+        add_override(find_booking, {"phone": state["phone"]})
+
+
+@EventTrigger(event="no-input")
+def still_there():
+    respond("Are you still there?")

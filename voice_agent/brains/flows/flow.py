@@ -1,0 +1,411 @@
+"""The deterministic flow brain: Dialogflow-style pages, forms and routes over matched intents."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voice_agent.brains.flows.intents import IntentMatch, IntentSpec
+from voice_agent.brains.flows.parameters import (
+    EntitySpec,
+    ParameterSpec,
+    extract_parameters,
+)
+from voice_agent.config import FlowConfig, HandlerConfig, RouteConfig
+from voice_agent.errors import ConfigError, ExpressionError, ToolError
+from voice_agent.runtime.conversation import ToolCallRecord
+from voice_agent.runtime.expressions import Expression, parse_expression
+from voice_agent.runtime.session import ActionResult, AgentEvent, CallEnd, StepOutcome
+from voice_agent.runtime.templates import render
+from voice_agent.runtime.update_state import compile_updates, evaluate_updates
+
+if TYPE_CHECKING:
+    from voice_agent.runtime.registry import CompiledAgent
+    from voice_agent.runtime.session import CallSession
+
+_PARAM_TYPES = {
+    "number",
+    "integer",
+    "digits",
+    "phone",
+    "date",
+    "time",
+    "datetime",
+    "yes_no",
+    "name",
+    "text",
+}
+
+
+def parameter_spec(
+    name: str, declared: Any, entities: Mapping[str, EntitySpec], where: str, file: str
+) -> ParameterSpec:
+    """`number`, `datetime`, ... or `"@entity"` for one of the declared enum entities."""
+    if isinstance(declared, Mapping):
+        declared = declared.get("type")
+    if not isinstance(declared, str):
+        raise ConfigError("a parameter type must be a string", file=file, key=where)
+    if declared.startswith("@"):
+        entity = declared[1:]
+        if entity not in entities:
+            raise ConfigError(f"unknown entity {entity!r}", file=file, key=where)
+        return ParameterSpec(name, "enum", entity)
+    if declared not in _PARAM_TYPES:
+        raise ConfigError(
+            f"unknown parameter type {declared!r}; use one of {sorted(_PARAM_TYPES)} or @entity",
+            file=file,
+            key=where,
+        )
+    return ParameterSpec(name, declared)  # type: ignore[arg-type]
+
+
+def load_intents(data: Any, path: Path) -> tuple[list[IntentSpec], dict[str, EntitySpec]]:
+    file = str(path)
+    if not isinstance(data, Mapping) or not isinstance(data.get("intents"), Mapping):
+        raise ConfigError("an intents file needs an 'intents' mapping", file=file)
+    entities: dict[str, EntitySpec] = {}
+    for name, values in (data.get("entities") or {}).items():
+        if not isinstance(values, Mapping):
+            raise ConfigError(
+                "an entity maps values to synonym lists", file=file, key=f"entities.{name}"
+            )
+        entities[name] = EntitySpec(
+            name,
+            {
+                str(value): tuple(str(s) for s in (synonyms or ()))
+                for value, synonyms in values.items()
+            },
+        )
+    intents: list[IntentSpec] = []
+    for name, body in data["intents"].items():
+        where = f"intents.{name}"
+        if not isinstance(body, Mapping) or not body.get("phrases"):
+            raise ConfigError("an intent needs a list of 'phrases'", file=file, key=where)
+        unknown = set(body) - {"phrases", "parameters"}
+        if unknown:
+            raise ConfigError(f"unknown key(s) {sorted(unknown)}", file=file, key=where)
+        parameters = tuple(
+            parameter_spec(p, t, entities, f"{where}.parameters.{p}", file)
+            for p, t in (body.get("parameters") or {}).items()
+        )
+        intents.append(IntentSpec(name, tuple(str(p) for p in body["phrases"]), parameters))
+    return intents, entities
+
+
+@dataclass(frozen=True)
+class Route:
+    intent: str | None
+    condition: Expression | None
+    set: dict[str, Expression]
+    call: str | None
+    say: str | None
+    goto: str | None
+    transfer: str | None
+    end_call: bool
+    on_error: Route | None = None
+
+
+@dataclass(frozen=True)
+class FormField:
+    spec: ParameterSpec
+    prompt: str
+    required: bool
+
+
+@dataclass(frozen=True)
+class Page:
+    name: str
+    message: str | None
+    form: tuple[FormField, ...]
+    routes: tuple[Route, ...]
+
+
+class FlowBrain:
+    def __init__(
+        self,
+        agent: CompiledAgent,
+        pages: dict[str, Page],
+        start_page: str,
+        routes: tuple[Route, ...],
+        handlers: dict[str, Route],
+    ) -> None:
+        self.agent_name = agent.name
+        self.pages = pages
+        self.start_page = start_page
+        self.routes = routes
+        self.handlers = handlers
+        self.entities = agent.matcher.entities if agent.matcher else {}
+
+    # ---- compiling ---------------------------------------------------------------------
+
+    @classmethod
+    def compile(cls, agent: CompiledAgent, flow: FlowConfig, *, file: str, key: str) -> FlowBrain:
+        assert agent.matcher is not None
+        intent_names = {intent.name for intent in agent.matcher.intents}
+        entities = agent.matcher.entities
+        functions = agent.local_tools
+        targets = set(agent.config.transitions)
+
+        def route(config: RouteConfig | HandlerConfig, where: str) -> Route:
+            intent = getattr(config, "intent", None)
+            if intent is not None and intent not in intent_names:
+                raise ConfigError(f"unknown intent {intent!r}", file=file, key=f"{where}.intent")
+            condition = None
+            source = getattr(config, "condition", None)
+            if source:
+                try:
+                    condition = parse_expression(source, "condition")
+                except ExpressionError as exc:
+                    raise ConfigError(str(exc), file=file, key=f"{where}.condition") from None
+            if config.call is not None and config.call not in functions:
+                raise ConfigError(
+                    f"function {config.call!r} is not in the agent's functions module",
+                    file=file,
+                    key=f"{where}.call",
+                )
+            if config.goto is not None and config.goto not in flow.pages:
+                raise ConfigError(f"unknown page {config.goto!r}", file=file, key=f"{where}.goto")
+            if config.transfer is not None and config.transfer not in targets:
+                raise ConfigError(
+                    f"{config.transfer!r} is not in this agent's transitions",
+                    file=file,
+                    key=f"{where}.transfer",
+                )
+            updates = compile_updates(config.set, file=file, key=f"{where}.set", allow_llm=False)
+            on_error = getattr(config, "on_error", None)
+            return Route(
+                intent,
+                condition,
+                updates,
+                config.call,
+                config.say,
+                config.goto,
+                config.transfer,
+                config.end_call,
+                route(on_error, f"{where}.on_error") if on_error is not None else None,
+            )
+
+        pages: dict[str, Page] = {}
+        for name, page in flow.pages.items():
+            where = f"{key}.pages.{name}"
+            form = tuple(
+                FormField(
+                    parameter_spec(p, f.type, entities, f"{where}.form.{p}", file),
+                    f.prompt,
+                    f.required,
+                )
+                for p, f in page.form.items()
+            )
+            routes = tuple(route(r, f"{where}.routes[{i}]") for i, r in enumerate(page.routes))
+            pages[name] = Page(name, page.message, form, routes)
+        flow_routes = tuple(route(r, f"{key}.routes[{i}]") for i, r in enumerate(flow.routes))
+        handlers = {
+            "no-match": route(flow.no_match, f"{key}.no_match"),
+            "no-input": route(flow.no_input, f"{key}.no_input"),
+            "error": route(flow.on_error, f"{key}.on_error"),
+        }
+        for name, handler in flow.events.items():
+            handlers[name] = route(handler, f"{key}.events.{name}")
+        return cls(agent, pages, flow.start_page, flow_routes, handlers)
+
+    # ---- running -----------------------------------------------------------------------
+
+    def _page(self, session: CallSession) -> Page:
+        return self.pages[session.flow_page.get(self.agent_name, self.start_page)]
+
+    def _missing(self, page: Page, state: Mapping[str, Any]) -> list[FormField]:
+        return [f for f in page.form if f.required and state.get(f.spec.name) is None]
+
+    async def enter(self, session: CallSession, outcome: StepOutcome) -> AsyncIterator[AgentEvent]:
+        async for item in self._go(session, self.start_page, outcome):
+            yield item
+
+    async def _go(
+        self, session: CallSession, page_name: str, outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent]:
+        session.flow_page[self.agent_name] = page_name
+        page = self.pages[page_name]
+        session.audit.add("page", agent=self.agent_name, page=page_name)
+        if page.message:
+            async for item in session.say(render(page.message, session.state)):
+                yield item
+        missing = self._missing(page, session.state)
+        if missing:
+            async for item in session.say(render(missing[0].prompt, session.state)):
+                yield item
+        elif page.form:
+            # Everything was known already: the page's FINAL routes may fire at once.
+            async for item in self._route(session, None, outcome, form_final=True):
+                yield item
+
+    async def turn(self, session: CallSession, text: str) -> AsyncIterator[AgentEvent]:
+        outcome = StepOutcome()
+        page = self._page(session)
+        now = session.now()
+        assert session.agent.matcher is not None
+        result = session.agent.matcher.match(text, now=now)
+        best = result.best
+        session.audit.add(
+            "intent_match",
+            text=text,
+            intent=best.intent if best else None,
+            confidence=round(best.confidence, 3) if best else None,
+            parameters=best.parameters if best else {},
+        )
+        filled: dict[str, Any] = {}
+        missing = self._missing(page, session.state)
+        if missing:
+            specs = [f.spec for f in missing]
+            filled = extract_parameters(text, specs, now=now, entities=self.entities)
+            if best is not None:
+                for field_ in missing:
+                    if field_.spec.name in best.parameters and field_.spec.name not in filled:
+                        filled[field_.spec.name] = best.parameters[field_.spec.name]
+            if filled:
+                session.set_state(filled, source=f"{self.agent_name}.form")
+        fired = False
+        async for item in self._route(session, best, outcome, form_final=False):
+            fired = True
+            yield item
+        if fired or outcome.call_ended or outcome.transferred:
+            return
+        missing = self._missing(page, session.state)
+        if not filled:
+            async for item in self._handle(session, "no-match", outcome):
+                yield item
+        if missing and self._page(session) is page:
+            async for item in session.say(render(missing[0].prompt, session.state)):
+                yield item
+
+    def _refs(self, session: CallSession, best: IntentMatch | None, page: Page) -> dict[str, Any]:
+        refs: dict[str, Any] = {
+            "$page.name": page.name,
+            "$page.params.status": "FINAL" if not self._missing(page, session.state) else None,
+        }
+        if best is not None:
+            refs["$intent.name"] = best.intent
+            refs["$intent.confidence"] = best.confidence
+            for name, value in best.parameters.items():
+                refs[f"$intent.params.{name}"] = value
+        return refs
+
+    async def _route(
+        self,
+        session: CallSession,
+        best: IntentMatch | None,
+        outcome: StepOutcome,
+        *,
+        form_final: bool,
+    ) -> AsyncIterator[AgentEvent]:
+        page = self._page(session)
+        refs = self._refs(session, best, page)
+        for route in page.routes + self.routes:
+            if route.intent is not None and (best is None or best.intent != route.intent):
+                continue
+            if form_final and route.intent is not None:
+                continue
+            if route.condition is not None:
+                try:
+                    holds = route.condition.evaluate(session.state, refs=refs, now=session.now())
+                except ExpressionError as exc:
+                    session.audit.add("error", where=f"flow {page.name}", message=str(exc))
+                    continue
+                if not holds:
+                    continue
+            session.audit.add(
+                "route",
+                agent=self.agent_name,
+                page=page.name,
+                intent=route.intent,
+                goto=route.goto,
+                transfer=route.transfer,
+            )
+            if best is not None and route.intent is not None and best.parameters:
+                session.set_state(best.parameters, source=f"intent {best.intent}")
+            async for item in self._fire(session, route, outcome):
+                yield item
+            return
+
+    async def _handle(
+        self, session: CallSession, name: str, outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent]:
+        handler = self.handlers.get(name)
+        if handler is not None:
+            async for item in self._fire(session, handler, outcome):
+                yield item
+
+    async def event(
+        self, session: CallSession, name: str, data: Mapping[str, Any], outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent]:
+        async for item in self._handle(session, name, outcome):
+            yield item
+
+    async def _fire(
+        self,
+        session: CallSession,
+        route: Route,
+        outcome: StepOutcome,
+        variables: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[AgentEvent]:
+        if route.set:
+            try:
+                updates = evaluate_updates(route.set, session.state, now=session.now())
+            except ToolError as exc:  # a type error, say, that only shows at run time
+                session.audit.add("error", where=f"flow {self.agent_name}", message=exc.message)
+                async for item in self._handle(session, "error", outcome):
+                    yield item
+                return
+            session.set_state(updates, source=f"{self.agent_name}.route")
+        values: dict[str, Any] = {**session.state, **(variables or {})}
+        if route.call is not None:
+            result: ActionResult | None = None
+            async for step in self._call(session, route.call, outcome):
+                if isinstance(step, ActionResult):
+                    result = step
+                else:
+                    yield step
+            if result is None or not result.ok:
+                error = {"error": result.error if result else "interrupted"}
+                if route.on_error is not None:
+                    async for item in self._fire(session, route.on_error, outcome, error):
+                        yield item
+                    return
+                async for item in self._handle(session, "error", outcome):
+                    yield item
+                return
+            values = {**session.state, "result": result.value}
+        if route.say:
+            async for item in session.say(render(route.say, values)):
+                yield item
+        if route.transfer is not None:
+            async for item in session.transfer(route.transfer, {}, outcome):
+                yield item
+            return
+        if route.goto is not None:
+            async for item in self._go(session, route.goto, outcome):
+                yield item
+        if route.end_call:
+            outcome.call_ended = True
+            yield CallEnd("agent ended the call")
+
+    async def _call(
+        self, session: CallSession, name: str, outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent | ActionResult]:
+        """A route's function, fed from state by parameter name; recorded like an LLM's call."""
+        tool = session.agent.local_tools[name]
+        parameters = inspect.signature(tool.fn).parameters
+        arguments = {p: session.state[p] for p in parameters if session.state.get(p) is not None}
+        call = ToolCallRecord(session.new_call_id("flow"), name, arguments)
+        session.conversation.open_tool_calls([call])
+        content: str | None = None
+        try:
+            async for item in session.run_action(call, outcome):
+                if isinstance(item, ActionResult):
+                    content = item.content
+                yield item
+        finally:
+            if content is not None:
+                session.conversation.set_tool_result(call.call_id, content)

@@ -1,0 +1,241 @@
+"""The YAML configuration schema (pydantic) and its loader, whose errors name the file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from voice_agent.errors import ConfigError
+
+MAX_UPDATES_PER_TOOL = 50
+
+
+# `set:` values are expressions; YAML scalars (3, true, null) are accepted as constants.
+Assignments = dict[str, str | bool | int | float | None]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LlmConfig(_Strict):
+    provider: Literal["openai"] = "openai"
+    model: str = "gpt-4o-mini"
+    base_url: str | None = None
+    api_key: str | None = None
+    temperature: float | None = None
+    turn_deadline_s: float = Field(default=12.0, gt=0)
+    request_timeout_s: float = Field(default=8.0, gt=0)
+    max_attempts: int = Field(default=4, ge=1)
+    fallback_line: str = "Sorry, I'm having trouble answering right now. Could you say that again?"
+
+
+class UpdateStateTool(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    description: str = ""
+    updates: dict[str, str]
+
+    @field_validator("updates")
+    @classmethod
+    def _not_too_many(cls, updates: dict[str, str]) -> dict[str, str]:
+        if not updates:
+            raise ValueError("an update_state tool needs at least one update")
+        if len(updates) > MAX_UPDATES_PER_TOOL:
+            raise ValueError(
+                f"{len(updates)} updates in one tool; at most {MAX_UPDATES_PER_TOOL} are allowed"
+            )
+        return updates
+
+
+class RemoteToolConfig(_Strict):
+    openapi: str
+    base_url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(default=5.0, gt=0)
+
+
+class HandlerConfig(_Strict):
+    """What a flow does on no-match, no-input or another event."""
+
+    say: str | None = None
+    set: Assignments = Field(default_factory=dict)
+    call: str | None = None
+    goto: str | None = None
+    transfer: str | None = None
+    end_call: bool = False
+
+
+class RouteConfig(_Strict):
+    """One route of a flow page: fires on an intent and/or a condition."""
+
+    intent: str | None = None
+    condition: str | None = None
+    set: Assignments = Field(default_factory=dict)
+    call: str | None = None
+    say: str | None = None
+    goto: str | None = None
+    transfer: str | None = None
+    end_call: bool = False
+    # When `call` fails: what to do instead of the flow's on_error; `{{error}}` holds the message.
+    on_error: HandlerConfig | None = None
+
+    @model_validator(mode="after")
+    def _fires_on_something(self) -> RouteConfig:
+        if self.intent is None and self.condition is None:
+            raise ValueError("a route needs an 'intent', a 'condition', or both")
+        return self
+
+
+class FormParameter(_Strict):
+    type: str
+    prompt: str
+    required: bool = True
+
+
+class PageConfig(_Strict):
+    message: str | None = None
+    form: dict[str, FormParameter] = Field(default_factory=dict)
+    routes: list[RouteConfig] = Field(default_factory=list)
+
+
+class FlowConfig(_Strict):
+    start_page: str
+    pages: dict[str, PageConfig]
+    # Routes that apply on every page (after the page's own), as Dialogflow's flow-level routes.
+    routes: list[RouteConfig] = Field(default_factory=list)
+    no_match: HandlerConfig = HandlerConfig(say="Sorry, I didn't get that. Could you say it again?")
+    no_input: HandlerConfig = HandlerConfig(say="Are you still there?")
+    on_error: HandlerConfig = HandlerConfig(say="Sorry, something went wrong on my side.")
+    events: dict[str, HandlerConfig] = Field(default_factory=dict)
+    match_threshold: float = Field(default=0.6, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _pages_exist(self) -> FlowConfig:
+        if self.start_page not in self.pages:
+            raise ValueError(f"start_page {self.start_page!r} is not one of the pages")
+        return self
+
+
+ContextOnTransfer = Literal["all", "none"] | Annotated[int, Field(ge=0)]
+
+
+class AgentConfig(_Strict):
+    brain: Literal["playbook", "flow"] = "playbook"
+    description: str = ""
+    prompt: str = ""
+    first_message: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    functions: str | None = None
+    function_timeout_s: float = Field(default=10.0, gt=0)
+    llm: LlmConfig = LlmConfig()
+    update_state: list[UpdateStateTool] = Field(default_factory=list)
+    on_enter: Assignments = Field(default_factory=dict)
+    on_turn: Assignments = Field(default_factory=dict)
+    transitions: list[str] = Field(default_factory=list)
+    context_on_transfer: ContextOnTransfer = "all"
+    tools: dict[str, RemoteToolConfig] = Field(default_factory=dict)
+    intents: str | None = None
+    flow: FlowConfig | None = None
+    no_input_timeout_s: float = Field(default=8.0, gt=0)
+    max_steps_per_turn: int = Field(default=8, ge=1)
+
+    @model_validator(mode="after")
+    def _brain_needs(self) -> AgentConfig:
+        if self.brain == "flow":
+            if self.flow is None:
+                raise ValueError("an agent with brain: flow needs a 'flow' section")
+            if self.intents is None:
+                raise ValueError("an agent with brain: flow needs 'intents' (a file of intents)")
+        elif self.flow is not None:
+            raise ValueError("'flow' is only for agents with brain: flow")
+        return self
+
+
+class Config(_Strict):
+    default_agent: str
+    agents: dict[str, AgentConfig]
+    data_dir: str = "data"
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> Config:
+        if self.default_agent not in self.agents:
+            raise ValueError(f"default_agent {self.default_agent!r} is not one of the agents")
+        for name, agent in self.agents.items():
+            for target in agent.transitions:
+                if target not in self.agents:
+                    raise ValueError(
+                        f"agent {name!r} lists transition {target!r}, which is not an agent"
+                    )
+        return self
+
+
+class LoadedConfig:
+    """A validated config plus where it came from, so relative paths resolve against its file."""
+
+    def __init__(self, config: Config, path: Path) -> None:
+        self.config = config
+        self.path = path
+        self.base_dir = path.parent
+
+    def resolve(self, relative: str) -> Path:
+        return (self.base_dir / relative).resolve()
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif parts:
+            parts.append(f".{item}")
+        else:
+            parts.append(str(item))
+    return "".join(parts)
+
+
+def _first_error(exc: ValidationError, file: str) -> ConfigError:
+    errors = exc.errors(include_url=False)
+    # Branches of a union each report; the first error is the most specific one for a reader.
+    first = errors[0]
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    message = str(first["msg"])
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif first["type"] == "missing":
+        message = "required key is missing"
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return ConfigError(message + more, file=file, key=_location(loc) or None)
+
+
+def parse_config(data: Any, file: str) -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError("the top level must be a mapping with 'agents'", file=file)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise _first_error(exc, file) from None
+
+
+def read_yaml(path: Path, *, what: str = "config") -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file not found", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} file: {exc.strerror}", file=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"invalid YAML{where}: {problem}", file=str(path)) from None
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    """Read and validate a config file; raises ConfigError naming the file and key."""
+    path = Path(path).resolve()
+    return LoadedConfig(parse_config(read_yaml(path), str(path)), path)

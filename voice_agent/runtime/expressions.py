@@ -1,0 +1,821 @@
+"""The expression engine: parses `update_state` expressions and Dialogflow-style conditions
+with lark and compiles them once into closures that evaluate cheaply on every turn."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Literal, NoReturn, cast
+
+from lark import Lark, Token, Tree
+from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternStr
+
+from voice_agent.errors import ExpressionError
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_LENGTH",
+    "NOW_FIELDS",
+    "Dialect",
+    "Expression",
+    "LlmExtraction",
+    "LlmKind",
+    "evaluate_condition",
+    "parse_expression",
+]
+
+Dialect = Literal["update", "condition"]
+LlmKind = Literal["boolean", "string", "number"]
+
+#: Longest accepted source text, in characters.
+MAX_LENGTH = 2000
+#: Deepest accepted nesting: each parenthesis, NOT, unary minus, IF, ternary or change of
+#: operator adds a level (a chain like `a + b + c` is one level).
+MAX_DEPTH = 100
+
+#: Fields of `$sys.func.NOW()`; weekday follows ISO 8601 (Monday=1 ... Sunday=7).
+NOW_FIELDS: dict[str, Callable[[datetime], int]] = {
+    "hours": lambda d: d.hour,
+    "minutes": lambda d: d.minute,
+    "seconds": lambda d: d.second,
+    "year": lambda d: d.year,
+    "month": lambda d: d.month,
+    "day": lambda d: d.day,
+    "weekday": lambda d: d.isoweekday(),
+}
+
+_SESSION_PREFIX = "$session.params."
+
+# One template for both dialects; the slots hold what differs between them. Keeping ':' (contains)
+# out of the update dialect and '? :' out of the condition dialect keeps the grammar LALR(1) and
+# unambiguous next to the `llm: "..."` form.
+_GRAMMAR = r"""
+?start: expr
+?expr: {top}
+{ternary}
+?or_expr: and_expr (_OR and_expr)*
+?and_expr: not_expr (_AND not_expr)*
+?not_expr: _NOT not_expr -> not_op
+         | comparison
+?comparison: sum (_comp_op sum)?
+_comp_op: EQ | EQ2 | NE | LT | LE | GT | GE {contains}
+?sum: product ((PLUS | MINUS) product)*
+?product: unary ((STAR | SLASH | PERCENT) unary)*
+?unary: MINUS unary -> neg
+      | primary
+?primary: NUMBER
+        | STRING
+        | TRUE
+        | FALSE
+        | NULL
+        | {word}
+        | REF
+        | NOW_CALL
+        | _IF "(" expr "," expr "," expr ")" -> if_call
+        | "(" expr ")" -> group
+        | LLM (KIND_BOOLEAN | KIND_STRING | KIND_NUMBER)? COLON STRING -> llm
+
+EQ2: "=="
+EQ: "="
+NE: "!="
+LE: "<="
+GE: ">="
+LT: "<"
+GT: ">"
+COLON: ":"
+PLUS: "+"
+MINUS: "-"
+STAR: "*"
+SLASH: "/"
+PERCENT: "%"
+_OR: "or"i
+_AND: "and"i
+_NOT: "not"i
+_IF: "if"i
+TRUE: "true"i
+FALSE: "false"i
+NULL: "null"i
+LLM: "llm"i
+KIND_BOOLEAN: "boolean"i
+KIND_STRING: "string"i
+KIND_NUMBER: "number"i
+NUMBER: /\d+(\.\d+)?([eE][+-]?\d+)?/
+STRING: /"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'/s
+NAME: /[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*/i
+WORD: /[A-Za-z_][A-Za-z0-9_]*/i
+REF: /\$[A-Za-z_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?(?:\.[A-Za-z_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?)*/
+NOW_CALL.3: /(?:\$sys\.func\.)?now\s*\(\s*\)(?:\.[A-Za-z_][A-Za-z0-9_]*)?/i
+%ignore /\s+/
+"""
+
+_DIALECT_SLOTS: dict[str, dict[str, str]] = {
+    "update": {
+        "top": "ternary",
+        "ternary": '?ternary: or_expr "?" ternary ":" ternary -> cond_op\n        | or_expr',
+        "contains": "",
+        "word": "NAME",
+    },
+    "condition": {"top": "or_expr", "ternary": "", "contains": "| COLON", "word": "WORD"},
+}
+
+_PARSERS: dict[str, Lark] = {}
+
+# How parse errors name what was expected instead of lark's terminal names.
+_FRIENDLY_TERMINALS = {
+    "NUMBER": "a number",
+    "STRING": "a string",
+    "NAME": "a variable",
+    "WORD": "a word",
+    "REF": "a $reference",
+    "NOW_CALL": "NOW()",
+    "$END": "end of expression",
+}
+_OPERAND_TERMINALS = {"NUMBER", "STRING"}
+_COMPARISON_TERMINALS = {"EQ", "EQ2", "NE", "LT", "LE", "GT", "GE"}
+
+
+def _parser(dialect: str) -> Lark:
+    parser = _PARSERS.get(dialect)
+    if parser is None:
+        grammar = _GRAMMAR.format(**_DIALECT_SLOTS[dialect])
+        # Built once per dialect; the contextual lexer keeps 'string'/'number' usable as names
+        # everywhere except right after 'llm'.
+        parser = Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=False)
+        _PARSERS[dialect] = parser
+    return parser
+
+
+@dataclass(frozen=True)
+class LlmExtraction:
+    """An LLM-extracted value inside an update expression: its kind and what to ask for."""
+
+    kind: LlmKind
+    description: str
+
+
+class _Env:
+    """What one evaluation reads; closures receive it instead of many arguments."""
+
+    __slots__ = ("_now", "extracted", "refs", "state")
+
+    def __init__(
+        self,
+        state: Mapping[str, Any],
+        refs: Mapping[str, Any] | None,
+        extracted: Any,
+        now: datetime | None,
+    ) -> None:
+        self.state = state
+        self.refs = refs
+        self.extracted = extracted
+        self._now = now
+
+    def now(self) -> datetime:
+        # Read the clock at most once per evaluation so all NOW() fields agree.
+        if self._now is None:
+            self._now = datetime.now()
+        return self._now
+
+
+_Fn = Callable[[_Env], Any]
+
+
+@dataclass(frozen=True)
+class Expression:
+    """A parsed, compiled expression (make one with parse_expression); immutable, so parse
+    results can be cached and shared."""
+
+    source: str
+    dialect: Dialect
+    extraction: LlmExtraction | None
+    variables: frozenset[str]
+    #: Non-session `$` references it reads, by full text (e.g. "$next-action.name").
+    references: frozenset[str] = frozenset()
+    _fn: _Fn = field(default=lambda env: None, repr=False, compare=False)
+
+    def evaluate(
+        self,
+        state: Mapping[str, Any],
+        *,
+        refs: Mapping[str, Any] | None = None,
+        extracted: Any = None,
+        now: datetime | None = None,
+    ) -> Any:
+        """Evaluate against the call state; raises only ExpressionError."""
+        if self.extraction is not None and extracted is None:
+            raise ExpressionError(
+                f"needs the LLM-extracted {self.extraction.kind} "
+                f"({self.extraction.description!r}) but none was given",
+                source=self.source,
+            )
+        try:
+            return self._fn(_Env(state, refs, extracted, now))
+        except ExpressionError:
+            raise
+        except RecursionError:
+            raise ExpressionError("expression is nested too deeply", source=self.source) from None
+        except Exception as exc:
+            # A safety net: odd state values (custom objects) must not leak foreign exceptions.
+            raise ExpressionError(
+                f"evaluation failed: {type(exc).__name__}: {exc}", source=self.source
+            ) from exc
+
+
+def parse_expression(source: str, dialect: Dialect = "update") -> Expression:
+    """Parse and compile `source` (cached); raises only ExpressionError."""
+    if not isinstance(source, str):
+        raise ExpressionError(f"expression must be a string, not {type(source).__name__}")
+    if not isinstance(dialect, str) or dialect not in _DIALECT_SLOTS:
+        raise ExpressionError(f"unknown dialect {dialect!r}", source=source)
+    return _parse_cached(source, dialect)
+
+
+def evaluate_condition(
+    source: str,
+    state: Mapping[str, Any],
+    *,
+    refs: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Parse `source` as a condition (cached), evaluate it and return its truthiness."""
+    expression = parse_expression(source, "condition")
+    value = expression.evaluate(state, refs=refs, now=now)
+    return _truthy(value, expression.source, None)
+
+
+@lru_cache(maxsize=2048)
+def _parse_cached(source: str, dialect: Dialect) -> Expression:
+    try:
+        return _parse(source, dialect)
+    except ExpressionError:
+        raise
+    except RecursionError:
+        raise ExpressionError("expression is nested too deeply", source=source) from None
+    except Exception as exc:
+        raise ExpressionError(f"cannot parse: {type(exc).__name__}: {exc}", source=source) from exc
+
+
+def _parse(source: str, dialect: Dialect) -> Expression:
+    if len(source) > MAX_LENGTH:
+        # Report without echoing a huge source back into logs.
+        raise ExpressionError(
+            f"expression is too long ({len(source)} characters, the limit is {MAX_LENGTH})"
+        )
+    if not source.strip():
+        raise ExpressionError("empty expression", source=source, position=0)
+    parser = _parser(dialect)
+    try:
+        tree = parser.parse(source)
+    except UnexpectedInput as exc:
+        _raise_parse_error(exc, source, dialect, parser)
+    except LarkError as exc:
+        raise ExpressionError(f"cannot parse: {exc}", source=source) from None
+    _check_depth(tree, source)
+    compiler = _Compiler(source, dialect)
+    fn = compiler.compile(tree)
+    return Expression(
+        source=source,
+        dialect=dialect,
+        extraction=compiler.extraction,
+        variables=frozenset(compiler.variables),
+        references=frozenset(compiler.references),
+        _fn=fn,
+    )
+
+
+def _raise_parse_error(exc: UnexpectedInput, source: str, dialect: str, parser: Lark) -> NoReturn:
+    if isinstance(exc, UnexpectedCharacters):
+        pos: int = exc.pos_in_stream or 0
+        char = source[pos] if 0 <= pos < len(source) else ""
+        if char in ("'", '"'):
+            message = "unterminated string"
+        elif char == "?" and dialect == "condition":
+            message = "unexpected '?': 'cond ? a : b' exists only in update expressions; use IF()"
+        elif char == "$":
+            message = "unexpected '$': a reference looks like $session.params.name"
+        else:
+            message = f"unexpected character {char!r}"
+        raise ExpressionError(message, source=source, position=pos) from None
+    if isinstance(exc, UnexpectedToken):
+        token = exc.token
+        previous = exc.token_history[-1] if exc.token_history else None
+        if (
+            previous is not None
+            and previous.type in ("NAME", "WORD")
+            and str(previous).lower() in _KEYWORDS
+        ):
+            # A keyword where the grammar does not accept one (`1 + NOT x`) was lexed as a
+            # name; blame the keyword, not the token after it.
+            hint = (
+                "; put NOT and its operand in parentheses" if str(previous).lower() == "not" else ""
+            )
+            raise ExpressionError(
+                f"unexpected {str(previous)!r}{hint}",
+                source=source,
+                position=previous.start_pos,
+            ) from None
+        expected = set(exc.expected)
+        if token.type == "$END":
+            message = "unexpected end of expression"
+            pos = len(source.rstrip())
+        else:
+            message = f"unexpected {str(token.value)!r}"
+            pos = token.start_pos if token.start_pos is not None else 0
+        if token.type in _COMPARISON_TERMINALS and not expected & _OPERAND_TERMINALS:
+            message += "; comparisons do not chain, combine them with AND"
+        elif token.type == "COLON" and dialect == "update" and "COLON" not in expected:
+            message += "; ':' (contains) exists only in conditions"
+        else:
+            message += f", expected {_describe_expected(expected, parser)}"
+        raise ExpressionError(message, source=source, position=pos) from None
+    raise ExpressionError(
+        f"cannot parse: {exc}", source=source, position=getattr(exc, "pos_in_stream", None)
+    ) from None
+
+
+def _describe_expected(expected: set[str], parser: Lark) -> str:
+    if expected & _OPERAND_TERMINALS:
+        return "a value"
+    names: list[str] = []
+    for name in sorted(expected):
+        if name in _FRIENDLY_TERMINALS:
+            names.append(_FRIENDLY_TERMINALS[name])
+            continue
+        try:
+            pattern = parser.get_terminal(name).pattern
+        except KeyError:
+            names.append(name)
+            continue
+        if isinstance(pattern, PatternStr):
+            text = pattern.value
+            names.append(repr(text.upper() if text.isalpha() else text))
+        else:
+            names.append(name)
+    if len(names) > 8:
+        # LALR merges lookaheads, so a long list would name tokens that cannot really follow.
+        return "an operator"
+    return " or ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _check_depth(tree: Tree[Token], source: str) -> None:
+    # Iterative, so a pathological tree cannot exhaust the Python stack before it is rejected;
+    # below the limit the recursive compiler and closures are safe.
+    # Only operator nodes count: a lone value is depth 0, `(1)` is depth 1.
+    stack: list[tuple[Tree[Token] | Token, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, Tree):
+            continue
+        if depth > MAX_DEPTH:
+            raise ExpressionError(
+                f"expression is nested too deeply (more than {MAX_DEPTH} levels)", source=source
+            )
+        stack.extend((child, depth + 1) for child in node.children)
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _truthy(value: Any, source: str, pos: int | None) -> bool:
+    try:
+        return bool(value)
+    except Exception:
+        raise ExpressionError(
+            f"cannot use a {_type_name(value)} as true/false", source=source, position=pos
+        ) from None
+
+
+def _equal(left: Any, right: Any) -> bool:
+    kind = _type_name(left)
+    if kind != _type_name(right):
+        return False
+    if kind == "null":
+        return True
+    return bool(left == right)
+
+
+def _fold(value: Any) -> Any:
+    return value.casefold() if isinstance(value, str) else value
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "0": "\0"}
+_ESCAPE_RE = re.compile(r"\\(u[0-9A-Fa-f]{4}|.)", re.S)
+
+
+def _decode_string(token: Token, source: str) -> str:
+    body = str(token)[1:-1]
+    if "\\" not in body:
+        return body
+
+    def replace(match: re.Match[str]) -> str:
+        text = match.group(1)
+        if len(text) == 5:
+            return chr(int(text[1:], 16))
+        if text == "u":
+            raise ExpressionError(
+                "bad \\u escape: it needs four hex digits",
+                source=source,
+                position=(token.start_pos or 0) + 1 + match.start(),
+            )
+        return _ESCAPES.get(text, text)
+
+    return _ESCAPE_RE.sub(replace, body)
+
+
+def _parse_number(text: str) -> int | float:
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(text)
+    return number
+
+
+def _coerce_extracted(value: Any, kind: LlmKind, source: str) -> Any:
+    if kind == "number":
+        if _is_number(value):
+            return value
+        if isinstance(value, str):
+            try:
+                return _parse_number(value.strip())
+            except ValueError:
+                pass
+    elif kind == "boolean":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word in ("true", "yes"):
+                return True
+            if word in ("false", "no"):
+                return False
+    elif isinstance(value, str):
+        return value
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    raise ExpressionError(f"the LLM-extracted value {shown} is not a valid {kind}", source=source)
+
+
+# ----------------------------------------------------------------------------- compiler
+
+
+_MISSING = object()
+_KEYWORDS = frozenset({"and", "or", "not", "if", "true", "false", "null", "llm"})
+
+
+class _Compiler:
+    """Turns a lark tree into nested closures, collecting variables and the extraction."""
+
+    def __init__(self, source: str, dialect: Dialect) -> None:
+        self.source = source
+        self.dialect = dialect
+        self.variables: set[str] = set()
+        self.references: set[str] = set()
+        self.extraction: LlmExtraction | None = None
+
+    def fail(self, message: str, pos: int | None) -> NoReturn:
+        raise ExpressionError(message, source=self.source, position=pos)
+
+    def compile(self, node: Tree[Token] | Token) -> _Fn:
+        if isinstance(node, Token):
+            return self.token(node)
+        handler = getattr(self, f"rule_{node.data}", None)
+        if handler is None:  # pragma: no cover - the grammar and handlers are kept in step
+            self.fail(f"internal error: no handler for {node.data}", None)
+        return cast(_Fn, handler(node.children))
+
+    # -- leaves
+
+    def token(self, token: Token) -> _Fn:
+        kind = token.type
+        text = str(token)
+        if kind == "NUMBER":
+            try:
+                number = _parse_number(text)
+            except ValueError:
+                self.fail(f"number {text!r} is out of range", token.start_pos)
+            return lambda env: number
+        if kind == "STRING":
+            value = _decode_string(token, self.source)
+            return lambda env: value
+        if kind in ("TRUE", "FALSE"):
+            flag = kind == "TRUE"
+            return lambda env: flag
+        if kind == "NULL":
+            return lambda env: None
+        if kind in ("WORD", "NAME") and text.lower() in _KEYWORDS:
+            # The contextual lexer only knows a keyword where the grammar accepts it, so `and`
+            # in operand position arrives as a name; keep keywords reserved everywhere.
+            self.fail(f"unexpected {text!r}: it is a keyword", token.start_pos)
+        if kind == "WORD":
+            # Dialogflow lets `$session.params.size = large` compare against the bare word.
+            return lambda env: text
+        if kind == "NAME":
+            return self.variable(text, token.start_pos)
+        if kind == "REF":
+            if text.startswith(_SESSION_PREFIX):
+                return self.variable(text[len(_SESSION_PREFIX) :], token.start_pos)
+            return self.reference(text)
+        if kind == "NOW_CALL":
+            return self.now(text, token.start_pos)
+        self.fail(f"unexpected {text!r}", token.start_pos)  # pragma: no cover
+
+    def variable(self, path: str, pos: int | None) -> _Fn:
+        parts = path.split(".")
+        self.variables.add(parts[0])
+        source = self.source
+        strict = self.dialect == "update"
+
+        def lookup(env: _Env) -> Any:
+            value: Any = env.state
+            for part in parts:
+                if isinstance(value, Mapping) and part in value:
+                    value = value[part]
+                elif strict:
+                    raise ExpressionError(f"unknown variable {path!r}", source=source, position=pos)
+                else:
+                    # Conditions read unset session parameters as null, like Dialogflow.
+                    return None
+            return value
+
+        return lookup
+
+    def reference(self, text: str) -> _Fn:
+        self.references.add(text)
+        parts = text.split(".")
+
+        def lookup(env: _Env) -> Any:
+            refs = env.refs
+            if refs is None:
+                return None
+            value = refs.get(text, _MISSING)
+            if value is not _MISSING:
+                return value
+            # Also accept nested mappings: {"$next-action": {"input": {"city": ...}}}.
+            value = refs
+            for part in parts:
+                if not isinstance(value, Mapping) or part not in value:
+                    return None
+                value = value[part]
+            return value
+
+        return lookup
+
+    def now(self, text: str, pos: int | None) -> _Fn:
+        _, _, suffix = text.rpartition(")")
+        if not suffix:
+            return lambda env: env.now().isoformat(timespec="seconds")
+        name = suffix[1:].lower()
+        getter = NOW_FIELDS.get(name)
+        if getter is None:
+            self.fail(
+                f"NOW() has no field {suffix[1:]!r}; use one of " + ", ".join(NOW_FIELDS),
+                pos,
+            )
+        return lambda env: getter(env.now())
+
+    # -- rules
+
+    def rule_group(self, children: list[Any]) -> _Fn:
+        return self.compile(children[0])
+
+    def rule_llm(self, children: list[Any]) -> _Fn:
+        llm_token = children[0]
+        kind: LlmKind = "boolean"
+        if len(children) == 4:
+            kind = cast(LlmKind, children[1].type.removeprefix("KIND_").lower())
+        if self.dialect != "update":
+            self.fail("LLM extractions are allowed only in update expressions", llm_token.start_pos)
+        if self.extraction is not None:
+            self.fail(
+                "only one LLM extraction is allowed per expression "
+                "(each becomes one tool parameter named after the variable)",
+                llm_token.start_pos,
+            )
+        description = _decode_string(children[-1], self.source)
+        self.extraction = LlmExtraction(kind, description)
+        source = self.source
+        return lambda env: _coerce_extracted(env.extracted, kind, source)
+
+    def rule_or_expr(self, children: list[Any]) -> _Fn:
+        parts = [self.compile(child) for child in children]
+        source = self.source
+
+        def or_(env: _Env) -> bool:
+            for part in parts:
+                if _truthy(part(env), source, None):
+                    return True
+            return False
+
+        return or_
+
+    def rule_and_expr(self, children: list[Any]) -> _Fn:
+        parts = [self.compile(child) for child in children]
+        source = self.source
+
+        def and_(env: _Env) -> bool:
+            for part in parts:
+                if not _truthy(part(env), source, None):
+                    return False
+            return True
+
+        return and_
+
+    def rule_not_op(self, children: list[Any]) -> _Fn:
+        operand = self.compile(children[0])
+        source = self.source
+        return lambda env: not _truthy(operand(env), source, None)
+
+    def rule_cond_op(self, children: list[Any]) -> _Fn:
+        return self._choice(children)
+
+    def rule_if_call(self, children: list[Any]) -> _Fn:
+        return self._choice(children)
+
+    def _choice(self, children: list[Any]) -> _Fn:
+        cond, then, otherwise = (self.compile(child) for child in children)
+        source = self.source
+        return lambda env: then(env) if _truthy(cond(env), source, None) else otherwise(env)
+
+    def rule_neg(self, children: list[Any]) -> _Fn:
+        minus, operand_node = children
+        operand = self.compile(operand_node)
+        source, pos = self.source, minus.start_pos
+
+        def neg(env: _Env) -> Any:
+            value = operand(env)
+            if not _is_number(value):
+                raise ExpressionError(
+                    f"cannot negate a {_type_name(value)}", source=source, position=pos
+                )
+            return -value
+
+        return neg
+
+    def rule_comparison(self, children: list[Any]) -> _Fn:
+        left_node, op, right_node = children
+        left, right = self.compile(left_node), self.compile(right_node)
+        source, pos, symbol = self.source, op.start_pos, str(op)
+        if op.type in ("EQ", "EQ2"):
+            return lambda env: _equal(left(env), right(env))
+        if op.type == "NE":
+            return lambda env: not _equal(left(env), right(env))
+        if op.type == "COLON":
+
+            def contains(env: _Env) -> bool:
+                return _contains(left(env), right(env), source, pos)
+
+            return contains
+        check = _ORDERINGS[op.type]
+
+        def compare(env: _Env) -> bool:
+            a, b = left(env), right(env)
+            if a is None or b is None:
+                # null is neither smaller nor larger than anything, so conditions on unset
+                # parameters are simply false instead of failing the turn.
+                return False
+            if (_is_number(a) and _is_number(b)) or (isinstance(a, str) and isinstance(b, str)):
+                return check(a, b)
+            raise ExpressionError(
+                f"cannot compare {_type_name(a)} and {_type_name(b)} with {symbol!r}",
+                source=source,
+                position=pos,
+            )
+
+        return compare
+
+    def rule_sum(self, children: list[Any]) -> _Fn:
+        return self._arithmetic(children)
+
+    def rule_product(self, children: list[Any]) -> _Fn:
+        return self._arithmetic(children)
+
+    def _arithmetic(self, children: list[Any]) -> _Fn:
+        first = self.compile(children[0])
+        steps = [
+            (
+                _ARITHMETIC[children[i].type],
+                str(children[i]),
+                children[i].start_pos,
+                self.compile(children[i + 1]),
+            )
+            for i in range(1, len(children), 2)
+        ]
+        source = self.source
+
+        def run(env: _Env) -> Any:
+            value = first(env)
+            for apply, symbol, pos, operand in steps:
+                value = apply(value, operand(env), symbol, source, pos)
+            return value
+
+        return run
+
+
+def _type_error(symbol: str, a: Any, b: Any, source: str, pos: int | None) -> NoReturn:
+    raise ExpressionError(
+        f"cannot apply {symbol!r} to {_type_name(a)} and {_type_name(b)}",
+        source=source,
+        position=pos,
+    )
+
+
+def _numbers(symbol: str, a: Any, b: Any, source: str, pos: int | None) -> None:
+    if not (_is_number(a) and _is_number(b)):
+        _type_error(symbol, a, b, source, pos)
+
+
+def _add(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
+    if isinstance(a, str) and isinstance(b, str):
+        return a + b
+    _numbers(symbol, a, b, source, pos)
+    return _checked(lambda: a + b, source, pos)
+
+
+def _sub(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
+    _numbers(symbol, a, b, source, pos)
+    return _checked(lambda: a - b, source, pos)
+
+
+def _mul(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
+    _numbers(symbol, a, b, source, pos)
+    return _checked(lambda: a * b, source, pos)
+
+
+def _div(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
+    _numbers(symbol, a, b, source, pos)
+    if b == 0:
+        raise ExpressionError("division by zero", source=source, position=pos)
+    return _checked(lambda: a / b, source, pos)
+
+
+def _mod(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
+    _numbers(symbol, a, b, source, pos)
+    if b == 0:
+        raise ExpressionError("division by zero (modulo)", source=source, position=pos)
+    return _checked(lambda: a % b, source, pos)
+
+
+def _checked(compute: Callable[[], Any], source: str, pos: int | None) -> Any:
+    try:
+        return compute()
+    except OverflowError:
+        # Huge integers from the state cannot always be mixed with floats.
+        raise ExpressionError("number too large", source=source, position=pos) from None
+
+
+_ARITHMETIC: dict[str, Callable[[Any, Any, str, str, int | None], Any]] = {
+    "PLUS": _add,
+    "MINUS": _sub,
+    "STAR": _mul,
+    "SLASH": _div,
+    "PERCENT": _mod,
+}
+
+_ORDERINGS: dict[str, Callable[[Any, Any], bool]] = {
+    "LT": lambda a, b: bool(a < b),
+    "LE": lambda a, b: bool(a <= b),
+    "GT": lambda a, b: bool(a > b),
+    "GE": lambda a, b: bool(a >= b),
+}
+
+
+def _contains(container: Any, item: Any, source: str, pos: int | None) -> bool:
+    if container is None:
+        return False
+    if isinstance(container, str):
+        if not isinstance(item, str):
+            _type_error(":", container, item, source, pos)
+        return item.casefold() in container.casefold()
+    if isinstance(container, list | tuple):
+        wanted = _fold(item)
+        return any(_equal(_fold(element), wanted) for element in container)
+    if isinstance(container, Mapping):
+        return isinstance(item, str) and item in container
+    _type_error(":", container, item, source, pos)

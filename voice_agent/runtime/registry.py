@@ -1,0 +1,235 @@
+"""Compiles a loaded config into ready agents: every problem shows here, before any call."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from voice_agent.config import AgentConfig, LoadedConfig, load_config, read_yaml
+from voice_agent.errors import ConfigError
+from voice_agent.runtime.functions import FunctionModule, LocalTool, load_functions
+from voice_agent.runtime.remote_tools import RemoteAction, RemoteTool, load_remote_tool
+from voice_agent.runtime.secrets import Secrets
+from voice_agent.runtime.templates import template_variables
+from voice_agent.runtime.update_state import UpdateStateTool, compile_updates
+
+if TYPE_CHECKING:
+    from voice_agent.brains.flows.intents import IntentMatcher, MatchResult
+    from voice_agent.runtime.expressions import Expression
+    from voice_agent.runtime.session import AgentEvent, CallSession, StepOutcome
+
+
+class Brain(Protocol):
+    """Chooses what an agent does: an LLM playbook or a deterministic flow."""
+
+    def enter(self, session: CallSession, outcome: StepOutcome) -> AsyncIterator[AgentEvent]: ...
+    def turn(self, session: CallSession, text: str) -> AsyncIterator[AgentEvent]: ...
+    def event(
+        self, session: CallSession, name: str, data: Mapping[str, Any], outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent]: ...
+
+
+@dataclass
+class CompiledAgent:
+    name: str
+    config: AgentConfig
+    functions: FunctionModule | None
+    update_tools: dict[str, UpdateStateTool]
+    on_enter: dict[str, Expression]
+    on_turn: dict[str, Expression]
+    remote_tools: dict[str, RemoteTool]
+    matcher: IntentMatcher | None = None
+    brain: Brain = field(init=False)
+    remote_actions: dict[str, RemoteAction] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.remote_actions = {
+            self.remote_llm_name(tool.name, action.name): action
+            for tool in self.remote_tools.values()
+            for action in tool.actions.values()
+        }
+
+    @property
+    def local_tools(self) -> dict[str, LocalTool]:
+        return self.functions.tools if self.functions else {}
+
+    @staticmethod
+    def remote_llm_name(tool: str, action: str) -> str:
+        # OpenAI function names allow no dots, so `tools.weather.get` is `weather__get` to the LLM.
+        return f"{tool}__{action}"
+
+    def llm_tools(self) -> list[dict[str, Any]]:
+        schemas = [tool.spec.tool_schema() for tool in self.local_tools.values()]
+        schemas += [tool.tool_schema() for tool in self.update_tools.values()]
+        schemas += [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": action.description,
+                    "parameters": action.parameters,
+                },
+            }
+            for name, action in self.remote_actions.items()
+        ]
+        if self.config.transitions:
+            schemas.append(transfer_tool_schema(self.config.transitions))
+        return schemas
+
+
+def transfer_tool_schema(targets: list[str]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": "transfer_to_agent",
+            "description": "Hand the conversation over to another agent.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "agent": {"type": "string", "enum": list(targets)},
+                    "args": {
+                        "type": "object",
+                        "description": "Values to pass to the new agent's state.",
+                    },
+                },
+                "required": ["agent"],
+            },
+        },
+    }
+
+
+class FlowHandle:
+    """`flows.<name>` in code blocks: the named flow agent's intent matcher."""
+
+    def __init__(self, matcher: IntentMatcher, session: CallSession) -> None:
+        self._matcher = matcher
+        self._session = session
+
+    def match_intent(self, text: str) -> MatchResult:
+        return self._matcher.match(text, now=self._session.now())
+
+
+class AgentRegistry:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        secrets: Secrets | None = None,
+        *,
+        executor_threads: int = 32,
+    ) -> None:
+        self.loaded = loaded
+        self.secrets = secrets if secrets is not None else Secrets({})
+        self.default_agent = loaded.config.default_agent
+        # User functions are sync by default; a pool of their own keeps them off the event loop
+        # and away from the loop's default executor used by engines.
+        self.executor = ThreadPoolExecutor(executor_threads, thread_name_prefix="agent-fn")
+        self._modules: dict[Path, FunctionModule] = {}
+        self.agents: dict[str, CompiledAgent] = {}
+        try:
+            for name, agent_config in loaded.config.agents.items():
+                self.agents[name] = self._compile(name, agent_config)
+        except BaseException:
+            self.executor.shutdown(wait=False)
+            raise
+
+    @classmethod
+    def from_file(cls, path: str | Path, secrets: Secrets | None = None) -> AgentRegistry:
+        return cls(load_config(path), secrets)
+
+    @property
+    def file(self) -> str:
+        return str(self.loaded.path)
+
+    def agent(self, name: str) -> CompiledAgent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise ConfigError(
+                f"no agent named {name!r}; known agents: {sorted(self.agents)}", file=self.file
+            ) from None
+
+    def flow_handle(self, name: str, session: CallSession) -> FlowHandle:
+        agent = self.agents.get(name)
+        if agent is None or agent.matcher is None:
+            flows = sorted(n for n, a in self.agents.items() if a.matcher is not None)
+            raise AttributeError(f"no flow named {name!r}; flows: {flows}")
+        return FlowHandle(agent.matcher, session)
+
+    async def aclose(self) -> None:
+        for agent in self.agents.values():
+            for tool in agent.remote_tools.values():
+                await tool.aclose()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---- compiling ---------------------------------------------------------------------
+
+    def _compile(self, name: str, config: AgentConfig) -> CompiledAgent:
+        file = self.file
+        key = f"agents.{name}"
+        for field_name in ("prompt", "first_message"):
+            text = getattr(config, field_name) or ""
+            for variable in template_variables(text):
+                if variable.startswith("secret"):
+                    raise ConfigError(
+                        "secrets may not appear in prompts or messages: they would reach the "
+                        "LLM or the caller",
+                        file=file,
+                        key=f"{key}.{field_name}",
+                    )
+        functions = None
+        if config.functions:
+            functions = load_functions(
+                self.loaded.resolve(config.functions), config_file=file, cache=self._modules
+            )
+        update_tools: dict[str, UpdateStateTool] = {}
+        for index, tool in enumerate(config.update_state):
+            where = f"{key}.update_state[{index}]"
+            if tool.name in update_tools or (functions and tool.name in functions.tools):
+                raise ConfigError(f"tool name {tool.name!r} is used twice", file=file, key=where)
+            updates = compile_updates(
+                tool.updates, file=file, key=f"{where}.updates", allow_llm=True
+            )
+            update_tools[tool.name] = UpdateStateTool(tool.name, tool.description, updates)
+        remote_tools = {
+            tool_name: load_remote_tool(
+                tool_name,
+                self.loaded.resolve(tool.openapi),
+                base_url=tool.base_url,
+                headers=tool.headers,
+                timeout_s=tool.timeout_s,
+                resolve_secret=self.secrets.get,
+                config_file=file,
+            )
+            for tool_name, tool in config.tools.items()
+        }
+        agent = CompiledAgent(
+            name=name,
+            config=config,
+            functions=functions,
+            update_tools=update_tools,
+            on_enter=compile_updates(
+                config.on_enter, file=file, key=f"{key}.on_enter", allow_llm=False
+            ),
+            on_turn=compile_updates(
+                config.on_turn, file=file, key=f"{key}.on_turn", allow_llm=False
+            ),
+            remote_tools=remote_tools,
+        )
+        if config.brain == "flow":
+            from voice_agent.brains.flows.flow import FlowBrain, load_intents
+
+            assert config.flow is not None and config.intents is not None
+            intents_path = self.loaded.resolve(config.intents)
+            intents, entities = load_intents(read_yaml(intents_path, what="intents"), intents_path)
+            from voice_agent.brains.flows.intents import IntentMatcher
+
+            agent.matcher = IntentMatcher(intents, entities, threshold=config.flow.match_threshold)
+            agent.brain = FlowBrain.compile(agent, config.flow, file=file, key=f"{key}.flow")
+        else:
+            from voice_agent.brains.playbook import PlaybookBrain
+
+            agent.brain = PlaybookBrain(config.llm)
+        return agent

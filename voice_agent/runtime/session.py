@@ -1,0 +1,591 @@
+"""One call's agent runtime: state, committed context, audit, triggers, actions and transfers.
+
+A session is plain code driven by its caller (the text simulator, a voice pipeline): each entry
+point is an async generator of agent speech, so the first words can go to TTS at once and a
+barge-in can stop a turn by closing the generator. Time comes from injected clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import functools
+import inspect
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from voice_agent.errors import ExpressionError, ToolError
+from voice_agent.runtime.audit import AuditLog
+from voice_agent.runtime.conversation import (
+    UNFINISHED_RESULT,
+    CommitOutcome,
+    Conversation,
+    ToolCallRecord,
+)
+from voice_agent.runtime.implicit import ActionHandle, Effects, FunctionScope, current_scope
+from voice_agent.runtime.secrets import Redactor, Secrets
+from voice_agent.runtime.signature import bind_arguments
+from voice_agent.runtime.templates import render
+from voice_agent.runtime.triggers import TriggerKind
+from voice_agent.runtime.update_state import evaluate_updates
+
+if TYPE_CHECKING:
+    from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
+
+TRANSFER_TOOL = "transfer_to_agent"
+MAX_EVENT_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class AgentSpeech:
+    """A piece of agent speech, in order; the voice side sends it to TTS as it comes."""
+
+    reply_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class AgentSpeechEnd:
+    """The reply is complete; until commit_reply() it is provisional in the context."""
+
+    reply_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class CallEnd:
+    reason: str
+
+
+AgentEvent = AgentSpeech | AgentSpeechEnd | CallEnd
+
+
+@dataclass
+class StepOutcome:
+    """What happened while triggers, overrides and actions ran; the brain reads it to go on."""
+
+    responded: bool = False
+    overridden: bool = False
+    transferred: bool = False
+    call_ended: bool = False
+
+    @property
+    def ends_turn(self) -> bool:
+        return self.call_ended or (self.responded and not self.overridden)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    content: str  # the tool message the LLM reads (redacted JSON)
+    value: Any = None
+    error: str | None = None  # redacted, for a caller that wants to say what went wrong
+
+
+@dataclass
+class Invocation:
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    effects: Effects = field(default_factory=Effects)
+
+
+def _result_json(value: Any) -> str:
+    payload = value if isinstance(value, dict) else {"result": value}
+    return json.dumps(payload, ensure_ascii=False, default=str)
+
+
+class CallSession:
+    def __init__(
+        self,
+        registry: AgentRegistry,
+        *,
+        agent: str | None = None,
+        args: Mapping[str, Any] | None = None,
+        call_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = datetime.now,
+        auto_commit: bool = True,
+        executor: Executor | None = None,
+    ) -> None:
+        self.registry = registry
+        self.call_id = call_id or uuid.uuid4().hex
+        self.agent: CompiledAgent = registry.agent(agent or registry.default_agent)
+        self.secrets: Secrets = registry.secrets
+        self.redactor = Redactor(self.secrets)
+        self.clock = clock
+        self.wall_clock = wall_clock
+        # Text callers hear everything; a voice pipeline commits what was played instead.
+        self.auto_commit = auto_commit
+        self.executor = executor or registry.executor
+        self.audit = AuditLog(clock, self.redactor.value)
+        self.conversation = Conversation()
+        self.state: dict[str, Any] = {**self.agent.config.args, **(args or {})}
+        self.started_agents: set[str] = set()
+        self.ended = False
+        self.last_action: dict[str, Any] = {}
+        self.flow_page: dict[str, str] = {}  # current page per flow agent
+        self._next_reply_id = 0
+        self._reply_texts: dict[int, str] = {}
+        self._tool_call_counter = 0
+        self._event_depth = 0
+
+    # ---- views -------------------------------------------------------------------------
+
+    def system_prompt(self) -> str:
+        return render(self.agent.config.prompt, self.state)
+
+    def llm_messages(self) -> list[dict[str, Any]]:
+        """Exactly what the LLM is sent next: the prompt rendered now plus the committed history."""
+        messages: list[dict[str, Any]] = []
+        prompt = self.system_prompt()
+        if prompt:
+            messages.append({"role": "system", "content": prompt})
+        messages.extend(self.conversation.snapshot())
+        redacted: list[dict[str, Any]] = self.redactor.value(messages)
+        return redacted
+
+    def context_messages(self) -> list[dict[str, Any]]:
+        return self.llm_messages()
+
+    def context_view(self) -> dict[str, Any]:
+        return {"messages": self.llm_messages()}
+
+    def public_state(self) -> dict[str, Any]:
+        redacted: dict[str, Any] = self.redactor.value(copy.deepcopy(self.state))
+        return redacted
+
+    def last_utterance(self, role: str) -> str | None:
+        return self.conversation.last_content(role)
+
+    def remote_action(self, tool: str, action: str) -> Any:
+        return self.agent.remote_tools[tool].actions[action]
+
+    def remote_tool_names(self, tool: str) -> list[str]:
+        if tool not in self.agent.remote_tools:
+            raise AttributeError(f"agent {self.agent.name!r} has no tool {tool!r}")
+        return list(self.agent.remote_tools[tool].actions)
+
+    def flow_matcher(self, flow: str) -> Any:
+        return self.registry.flow_handle(flow, self)
+
+    def now(self) -> datetime:
+        return self.wall_clock()
+
+    # ---- entry points ------------------------------------------------------------------
+
+    async def start(self) -> AsyncIterator[AgentEvent]:
+        """Call start: the agent's entry steps, then the `welcome` event."""
+        self.audit.add(
+            "call_started", call_id=self.call_id, agent=self.agent.name, state=self.state
+        )
+        async for event in self._enter_agent(StepOutcome(), welcome=True):
+            yield event
+
+    async def user_turn(self, text: str) -> AsyncIterator[AgentEvent]:
+        if self.ended:
+            return
+        text = text.strip()
+        if not text:
+            self.audit.add("user_utterance_dropped", text=text, reason="empty")
+            return
+        self.conversation.add_user(text)
+        self.audit.add("user_utterance", text=text, agent=self.agent.name)
+        self._run_fixed_updates(self.agent.on_turn, "on_turn")
+        try:
+            async for event in self.agent.brain.turn(self, text):
+                yield event
+        finally:
+            self.conversation.close_unfinished()
+
+    async def event(self, name: str, **data: Any) -> AsyncIterator[AgentEvent]:
+        """A named event (dtmf, no-input, custom): its triggers, then the brain's handler."""
+        if self.ended:
+            return
+        self.audit.add("event", name=name, data=data)
+        outcome = StepOutcome()
+        async for item in self.run_triggers("event", outcome, event=name, data=data):
+            yield item
+        if outcome.ends_turn or outcome.transferred:
+            return
+        async for item in self.agent.brain.event(self, name, data, outcome):
+            yield item
+
+    async def end(self, reason: str = "completed") -> None:
+        """The call is over: `call-ended` triggers may still update state; nothing is spoken."""
+        if self.ended:
+            return
+        self.ended = True
+        for reply_id in self.conversation.pending_ids():
+            self.commit_reply(reply_id, None)
+        outcome = StepOutcome()
+        async for _ in self.run_triggers("event", outcome, event="call-ended", data={}):
+            pass
+        self.audit.add("call_ended", reason=reason, state=self.state)
+
+    def commit_reply(self, reply_id: int, heard: str | None) -> CommitOutcome:
+        """Keep only what the caller heard of a reply; the audit keeps what was generated."""
+        outcome = self.conversation.commit(reply_id, heard)
+        self.audit.add(
+            "agent_utterance",
+            reply_id=reply_id,
+            generated=outcome.generated,
+            committed=outcome.committed,
+            interrupted=outcome.committed != outcome.generated,
+        )
+        return outcome
+
+    # ---- speech ------------------------------------------------------------------------
+
+    def begin_reply(self) -> int:
+        self._next_reply_id += 1
+        self.conversation.start_reply(self._next_reply_id)
+        return self._next_reply_id
+
+    def extend_reply(self, reply_id: int, text: str) -> AgentSpeech:
+        # The driver may commit (cut) a reply while it is still being generated.
+        if self.conversation.is_pending(reply_id):
+            self.conversation.extend_reply(reply_id, text)
+        self._reply_texts[reply_id] = self._reply_texts.get(reply_id, "") + text
+        return AgentSpeech(reply_id, text)
+
+    def finish_reply(self, reply_id: int) -> AgentSpeechEnd:
+        text = self._reply_texts.pop(reply_id, "")
+        if self.auto_commit and self.conversation.is_pending(reply_id):
+            self.commit_reply(reply_id, text)
+        return AgentSpeechEnd(reply_id, text)
+
+    async def say(self, text: str) -> AsyncIterator[AgentEvent]:
+        text = text.strip()
+        if not text:
+            return
+        reply_id = self.begin_reply()
+        yield self.extend_reply(reply_id, text)
+        yield self.finish_reply(reply_id)
+
+    # ---- agents and transfers ------------------------------------------------------------
+
+    async def _enter_agent(
+        self, outcome: StepOutcome, *, welcome: bool = False
+    ) -> AsyncIterator[AgentEvent]:
+        agent = self.agent
+        self._run_fixed_updates(agent.on_enter, "on_enter")
+        first_time = agent.name not in self.started_agents
+        self.started_agents.add(agent.name)
+        if first_time:
+            async for item in self.run_triggers("before_playbook", outcome):
+                yield item
+        if welcome and not outcome.ends_turn:
+            self.audit.add("event", name="welcome", data={})
+            async for item in self.run_triggers("event", outcome, event="welcome", data={}):
+                yield item
+        if outcome.ends_turn or outcome.transferred:
+            return
+        async for item in agent.brain.enter(self, outcome):
+            outcome.responded = True  # the new agent spoke first: the caller answers next
+            yield item
+
+    async def transfer(
+        self, target: str, args: Mapping[str, Any], outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent]:
+        source = self.agent
+        self.agent = self.registry.agent(target)
+        added = {k: v for k, v in self.agent.config.args.items() if k not in self.state}
+        self.state.update(added)
+        self.state.update(args)
+        policy = source.config.context_on_transfer
+        if policy == "none":
+            self.conversation.keep_last(0)
+        elif isinstance(policy, int):
+            self.conversation.keep_last(policy)
+        outcome.transferred = True
+        self.audit.add(
+            "transition", source=source.name, target=target, args=dict(args), context=policy
+        )
+        async for item in self._enter_agent(outcome):
+            yield item
+
+    # ---- triggers and effects ------------------------------------------------------------
+
+    def _refs(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        refs: dict[str, Any] = {"$request.session-id": self.call_id}
+        if self.last_action:
+            refs["$last-action.name"] = self.last_action.get("name")
+            refs["$last-action.status"] = self.last_action.get("status")
+        if extra:
+            refs.update(extra)
+        return refs
+
+    async def run_triggers(
+        self,
+        kind: TriggerKind,
+        outcome: StepOutcome,
+        *,
+        event: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        refs: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[AgentEvent]:
+        module = self.agent.functions
+        if module is None:
+            return
+        extra = dict(refs or {})
+        for key, value in (data or {}).items():
+            extra[f"$event.{key}"] = value
+        all_refs = self._refs(extra)
+        for trigger in module.triggers_of(kind, event):
+            if trigger.condition is not None:
+                try:
+                    fires = bool(
+                        trigger.condition.evaluate(self.state, refs=all_refs, now=self.now())
+                    )
+                except ExpressionError as exc:
+                    self.audit.add("error", where=f"trigger {trigger.name}", message=str(exc))
+                    continue
+                if not fires:
+                    continue
+            kwargs = {k: v for k, v in (data or {}).items() if k in trigger.parameters}
+            self.audit.add("trigger", kind=kind, function=trigger.name, event=event)
+            invocation = await self.invoke(trigger.fn, kwargs, name=trigger.name)
+            if not invocation.ok:
+                self.audit.add("error", where=f"trigger {trigger.name}", message=invocation.error)
+                continue
+            async for item in self.apply_effects(invocation.effects, outcome):
+                yield item
+
+    async def apply_effects(
+        self, effects: Effects, outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent]:
+        for text in effects.responses:
+            outcome.responded = True
+            self.audit.add("respond", text=text)
+            async for item in self.say(text):
+                yield item
+        for override in effects.overrides:
+            outcome.overridden = True
+            async for item in self._run_override(override.action, override.inputs or {}, outcome):
+                yield item
+        for name, data in effects.events:
+            if self._event_depth >= MAX_EVENT_DEPTH:
+                self.audit.add(
+                    "error", where="raise_event", message=f"{name!r}: events nest too deep"
+                )
+                continue
+            self._event_depth += 1
+            try:
+                async for item in self.event(name, **data):
+                    yield item
+            finally:
+                self._event_depth -= 1
+
+    async def _run_override(
+        self, action: Any, inputs: dict[str, Any], outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent]:
+        name = self._action_name(action)
+        self.audit.add("override", action=name, inputs=inputs)
+        call = ToolCallRecord(self.new_call_id("override"), name, inputs)
+        self.conversation.open_tool_calls([call])
+        result = ActionResult(False, UNFINISHED_RESULT)
+        try:
+            async for item in self.run_action(call, outcome):
+                if isinstance(item, ActionResult):
+                    result = item
+                else:
+                    yield item
+        finally:
+            self.conversation.set_tool_result(call.call_id, result.content)
+
+    def _action_name(self, action: Any) -> str:
+        if isinstance(action, ActionHandle):
+            return self.agent.remote_llm_name(action.tool, action.action)
+        if isinstance(action, str):
+            return action
+        name = getattr(action, "__name__", None)
+        if name is None:
+            raise ToolError(f"add_override() needs a function or tools.x.y, not {action!r}")
+        return str(name)
+
+    def new_call_id(self, prefix: str = "call") -> str:
+        self._tool_call_counter += 1
+        return f"{prefix}_{self._tool_call_counter}"
+
+    # ---- actions -----------------------------------------------------------------------
+
+    def _skip(self, call: ToolCallRecord, why: str) -> None:
+        self.conversation.set_tool_result(call.call_id, json.dumps({"error": why}))
+        self.audit.add("tool_call", name=call.name, arguments=call.arguments, error=why)
+
+    async def run_llm_calls(
+        self,
+        calls: list[ToolCallRecord],
+        reply_id: int | None,
+        outcome: StepOutcome,
+        *,
+        invalid: Sequence[tuple[ToolCallRecord, str]] = (),
+    ) -> AsyncIterator[AgentEvent]:
+        """Run the actions the LLM chose, each after its BeforeActionTriggers."""
+        problems = {call.call_id: why for call, why in invalid}
+        self.conversation.open_tool_calls(calls, reply_id=reply_id)
+        for call in calls:
+            if call.call_id in problems:
+                self._skip(call, problems[call.call_id])
+                continue
+            if outcome.ends_turn or outcome.transferred:
+                self._skip(call, "not run: the turn ended before this action")
+                continue
+            refs = {"$next-action.name": call.name}
+            for key, value in call.arguments.items():
+                refs[f"$next-action.input.{key}"] = value
+            async for item in self.run_triggers("before_action", outcome, refs=refs):
+                yield item
+            if outcome.ends_turn:
+                self._skip(call, "not run: a BeforeActionTrigger responded instead")
+                continue
+            result = ActionResult(False, UNFINISHED_RESULT)
+            try:
+                async for step in self.run_action(call, outcome):
+                    if isinstance(step, ActionResult):
+                        result = step
+                    else:
+                        yield step
+            finally:
+                self.conversation.set_tool_result(call.call_id, result.content)
+
+    async def run_action(
+        self, call: ToolCallRecord, outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent | ActionResult]:
+        """One action by its LLM-facing name; yields speech, then exactly one ActionResult."""
+        started = self.clock()
+        agent = self.agent
+        effects = Effects()
+        value: Any = None
+        error: str | None = None
+        transfer_to: tuple[str, dict[str, Any]] | None = None
+        try:
+            if call.name == TRANSFER_TOOL and agent.config.transitions:
+                transfer_to = self._check_transfer(call.arguments)
+                value = {"transferred_to": transfer_to[0]}
+            elif call.name in agent.update_tools:
+                value = self._apply_update_tool(call.name, call.arguments)
+            elif call.name in agent.local_tools:
+                tool = agent.local_tools[call.name]
+                kwargs = bind_arguments(tool.fn, call.arguments)
+                invocation = await self.invoke(tool.fn, kwargs, name=call.name)
+                value, error, effects = invocation.value, invocation.error, invocation.effects
+            elif call.name in agent.remote_actions:
+                remote = agent.remote_actions[call.name]
+                value = await asyncio.wait_for(
+                    remote.call(call.arguments), agent.config.function_timeout_s
+                )
+            else:
+                error = f"unknown action {call.name!r}"
+        except ToolError as exc:
+            error = exc.message
+        except TimeoutError:
+            error = f"{call.name} timed out after {agent.config.function_timeout_s:g} s"
+        status = "error" if error is not None else "ok"
+        self.last_action = {"name": call.name, "status": status}
+        if error is not None:
+            content = json.dumps({"error": self.redactor.text(error)}, ensure_ascii=False)
+        else:
+            content = self.redactor.text(_result_json(value))
+        self.audit.add(
+            "tool_call",
+            name=call.name,
+            arguments=call.arguments,
+            result=None if error else value,
+            error=error,
+            duration_s=round(self.clock() - started, 6),
+        )
+        yield ActionResult(
+            error is None, content, value, self.redactor.text(error) if error else None
+        )
+        async for item in self.apply_effects(effects, outcome):
+            yield item
+        if transfer_to is not None:
+            async for item in self.transfer(*transfer_to, outcome):
+                yield item
+
+    def _check_transfer(self, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        target = arguments.get("agent")
+        allowed = self.agent.config.transitions
+        if target not in allowed:
+            raise ToolError(f"agent must be one of {allowed}, not {target!r}")
+        args = arguments.get("args") or {}
+        if not isinstance(args, dict):
+            raise ToolError("args must be an object")
+        extra = {k: v for k, v in arguments.items() if k not in ("agent", "args")}
+        return str(target), {**args, **extra}
+
+    def _apply_update_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        tool = self.agent.update_tools[name]
+        values = tool.evaluate(self.state, arguments, self.now())
+        self.set_state(values, source=name)
+        return {"updated": values}
+
+    def _run_fixed_updates(self, updates: Mapping[str, Any], where: str) -> None:
+        if not updates:
+            return
+        try:
+            values = evaluate_updates(updates, self.state, now=self.now())
+        except ToolError as exc:
+            self.audit.add("error", where=f"{self.agent.name}.{where}", message=exc.message)
+            return
+        self.set_state(values, source=where)
+
+    def set_state(self, values: Mapping[str, Any], *, source: str) -> None:
+        before = {key: self.state.get(key) for key in values}
+        self.state.update(values)
+        self._audit_state_diff(before, dict(values), source)
+
+    def _audit_state_diff(
+        self, before: Mapping[str, Any], after: Mapping[str, Any], source: str
+    ) -> None:
+        missing = object()
+        diff = {
+            key: {"old": before.get(key), "new": after.get(key)}
+            for key in set(before) | set(after)
+            if before.get(key, missing) != after.get(key, missing)
+        }
+        if diff:
+            self.audit.add("state_change", source=source, diff=diff)
+
+    # ---- running user code -------------------------------------------------------------
+
+    async def invoke(
+        self, fn: Callable[..., Any], kwargs: Mapping[str, Any], *, name: str
+    ) -> Invocation:
+        """Run a user function with this call's implicit names, a timeout, and state rollback.
+
+        The function writes to a copy of the state, adopted only on success: a failure or a
+        timeout (whose thread may still be running) leaves the call's state as it was.
+        """
+        loop = asyncio.get_running_loop()
+        scope = FunctionScope(self, copy.deepcopy(self.state), self.secrets, loop)
+        ctx = contextvars.copy_context()
+        ctx.run(current_scope.set, scope)
+        timeout = self.agent.config.function_timeout_s
+        try:
+            if inspect.iscoroutinefunction(fn):
+                task = loop.create_task(fn(**kwargs), context=ctx)
+                value = await asyncio.wait_for(task, timeout)
+            else:
+                call = functools.partial(ctx.run, fn, **kwargs)
+                value = await asyncio.wait_for(loop.run_in_executor(self.executor, call), timeout)
+        except TimeoutError:
+            return Invocation(False, error=f"{name} timed out after {timeout:g} s")
+        except ToolError as exc:
+            return Invocation(False, error=exc.message)
+        except Exception as exc:
+            return Invocation(False, error=f"{type(exc).__name__}: {exc}")
+        before = dict(self.state)
+        self.state.clear()
+        self.state.update(scope.state)
+        self._audit_state_diff(before, self.state, name)
+        return Invocation(True, value, effects=scope.effects)
