@@ -157,8 +157,9 @@ async def chat(
     agent: str | None,
     variables: dict[str, str],
     script: Iterable[str] | None,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> CallSession:
+    out = out or sys.stdout
     session = CallSession(registry, agent=agent, args=variables)
     if script is None:
         out.write(f"Talking to agent {session.agent.name!r}. Type a line; /end to hang up.\n")

@@ -32,11 +32,21 @@ def book_table(party_size: int, when: str, name: str, phone: str, seating: str =
     key = secrets.get("booking_code_key") or _DEMO_KEY
     code = bookings_db.confirmation_code(key, phone, when, party_size)
     bookings_db.save(
-        {"code": code, "phone": phone, "name": name, "party_size": party_size, "at": when,
-         "seating": seating}
+        {
+            "code": code,
+            "phone": phone,
+            "name": name,
+            "party_size": party_size,
+            "at": when,
+            "seating": seating,
+        }
     )
     state["booking_code"] = code
-    return {"code": code, "spaced_code": " ".join(code), "spoken": bookings_db.spoken_datetime(when)}
+    return {
+        "code": code,
+        "spaced_code": " ".join(code),
+        "spoken": bookings_db.spoken_datetime(when),
+    }
 
 
 def find_booking(phone: str) -> dict:
@@ -46,15 +56,27 @@ def find_booking(phone: str) -> dict:
         digits = " ".join(phone)
         raise ToolError(f"I couldn't find a booking under {digits}.")
     state["booking_code"] = booking["code"]
+    state["booking_at"] = booking["at"]
     state["party_size"] = booking["party_size"]
-    state["when"] = booking["at"]
+    # From here on, a date or time the caller says is a change to this booking.
+    state["date"] = None
+    state["time"] = None
     return {**booking, "spoken": bookings_db.spoken_datetime(booking["at"])}
 
 
-def change_booking(booking_code: str, party_size: int, when: str) -> dict:
-    """Move the booking to a new time and/or party size."""
-    bookings_db.update(booking_code, party_size=party_size, at=when)
-    return {"spoken": bookings_db.spoken_datetime(when), "party_size": party_size}
+def change_booking(
+    booking_code: str, booking_at: str, party_size: int, date: str = "", time: str = ""
+) -> dict:
+    """Move the booking to a new day and/or time, and/or change the party size.
+
+    A caller who says only "eight pm" keeps the booking's day; only "friday" keeps its time.
+    """
+    old_date, old_time = booking_at.split("T")
+    at = f"{date or old_date}T{time or old_time}"
+    bookings_db.update(booking_code, party_size=party_size, at=at)
+    state["booking_at"] = at
+    state["when"] = at
+    return {"spoken": bookings_db.spoken_datetime(at), "party_size": party_size}
 
 
 def cancel_booking(booking_code: str) -> dict:

@@ -68,8 +68,9 @@ def find_by_phone(phone: str) -> dict[str, Any] | None:
 def update(code: str, **changes: Any) -> None:
     assignments = ", ".join(f"{column} = :{column}" for column in changes)
     with _connect() as connection:
-        connection.execute(f"UPDATE bookings SET {assignments} WHERE code = :code",
-                           {**changes, "code": code})
+        connection.execute(
+            f"UPDATE bookings SET {assignments} WHERE code = :code", {**changes, "code": code}
+        )
 
 
 def cancel(code: str) -> None:

@@ -21,8 +21,14 @@ def book_table(party_size: int, when: str, name: str, phone: str, seating: str =
     key = secrets.get("booking_code_key") or _DEMO_KEY
     code = bookings_db.confirmation_code(key, phone, when, party_size)
     bookings_db.save(
-        {"code": code, "phone": phone, "name": name, "party_size": party_size, "at": when,
-         "seating": seating}
+        {
+            "code": code,
+            "phone": phone,
+            "name": name,
+            "party_size": party_size,
+            "at": when,
+            "seating": seating,
+        }
     )
     state["booking_code"] = code
     state["phone"] = phone
@@ -53,17 +59,26 @@ def cancel_booking(booking_code: str) -> dict:
     return {"cancelled": True}
 
 
-@BeforeModelTrigger('$session.params.should_escalate = true AND $session.params.escalated != true')
+@BeforeModelTrigger("$session.params.should_escalate = true AND $session.params.escalated != true")
 def calm_down():
     state["escalated"] = True
     respond("I'm sorry this has been frustrating. Let me take you through it step by step.")
 
 
+@BeforeModelTrigger(
+    "$session.params.phone != null AND $session.params.booking_code = null"
+    " AND $session.params.looked_up != true"
+)
+def look_up_caller():
+    # The caller's number came with the call (e.g. Twilio's From): find their booking before
+    # the model answers, so it can greet them with it. The LLM sees the result.
+    state["looked_up"] = True
+    add_override(find_booking, {"phone": state["phone"]})
+
+
 @BeforeActionTrigger('$next-action.name = "cancel_booking" AND $session.params.booking_code = null')
-def find_before_cancel():
-    # Cancelling needs a booking; look it up first when we already know the phone number.
-    if state.get("phone"):
-        add_override(find_booking, {"phone": state["phone"]})
+def guard_cancel():
+    respond("Let me find your booking first. What phone number is it under?")
 
 
 @EventTrigger(event="no-input")

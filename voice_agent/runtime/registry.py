@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from voice_agent.brains.flows.flow import FlowBrain, load_intents
+from voice_agent.brains.flows.intents import IntentMatcher, MatchResult
+from voice_agent.brains.playbook import PlaybookBrain
 from voice_agent.config import AgentConfig, LoadedConfig, load_config, read_yaml
 from voice_agent.errors import ConfigError
 from voice_agent.runtime.functions import FunctionModule, LocalTool, load_functions
@@ -17,7 +20,6 @@ from voice_agent.runtime.templates import template_variables
 from voice_agent.runtime.update_state import UpdateStateTool, compile_updates
 
 if TYPE_CHECKING:
-    from voice_agent.brains.flows.intents import IntentMatcher, MatchResult
     from voice_agent.runtime.expressions import Expression
     from voice_agent.runtime.session import AgentEvent, CallSession, StepOutcome
 
@@ -219,17 +221,11 @@ class AgentRegistry:
             remote_tools=remote_tools,
         )
         if config.brain == "flow":
-            from voice_agent.brains.flows.flow import FlowBrain, load_intents
-
             assert config.flow is not None and config.intents is not None
             intents_path = self.loaded.resolve(config.intents)
             intents, entities = load_intents(read_yaml(intents_path, what="intents"), intents_path)
-            from voice_agent.brains.flows.intents import IntentMatcher
-
             agent.matcher = IntentMatcher(intents, entities, threshold=config.flow.match_threshold)
             agent.brain = FlowBrain.compile(agent, config.flow, file=file, key=f"{key}.flow")
         else:
-            from voice_agent.brains.playbook import PlaybookBrain
-
             agent.brain = PlaybookBrain(config.llm)
         return agent
