@@ -93,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(asyncio.run(args.run(args)))
         return int(args.func(args))
     except VoiceAgentError as exc:
-        print(f"voice-agent: error: {exc}", file=sys.stderr)
+        # One line, so scripts and log collectors see one error.
+        print(f"voice-agent: error: {' | '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

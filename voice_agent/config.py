@@ -36,11 +36,11 @@ class LlmConfig(_Strict):
 class UpdateStateTool(_Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     description: str = ""
-    updates: dict[str, str]
+    updates: Assignments
 
     @field_validator("updates")
     @classmethod
-    def _not_too_many(cls, updates: dict[str, str]) -> dict[str, str]:
+    def _not_too_many(cls, updates: Assignments) -> Assignments:
         if not updates:
             raise ValueError("an update_state tool needs at least one update")
         if len(updates) > MAX_UPDATES_PER_TOOL:
@@ -157,19 +157,25 @@ class AgentConfig(_Strict):
 class Config(_Strict):
     default_agent: str
     agents: dict[str, AgentConfig]
-    data_dir: str = "data"
 
-    @model_validator(mode="after")
-    def _references_exist(self) -> Config:
-        if self.default_agent not in self.agents:
-            raise ValueError(f"default_agent {self.default_agent!r} is not one of the agents")
-        for name, agent in self.agents.items():
-            for target in agent.transitions:
-                if target not in self.agents:
-                    raise ValueError(
-                        f"agent {name!r} lists transition {target!r}, which is not an agent"
-                    )
-        return self
+
+def _check_references(config: Config, file: str) -> None:
+    """Cross-references between agents, checked after the schema so errors can name the key."""
+    if config.default_agent not in config.agents:
+        raise ConfigError(
+            f"default_agent {config.default_agent!r} is not one of the agents "
+            f"{sorted(config.agents)}",
+            file=file,
+            key="default_agent",
+        )
+    for name, agent in config.agents.items():
+        for index, target in enumerate(agent.transitions):
+            if target not in config.agents:
+                raise ConfigError(
+                    f"agent {name!r} lists transition {target!r}, which is not an agent",
+                    file=file,
+                    key=f"agents.{name}.transitions[{index}]",
+                )
 
 
 class LoadedConfig:
@@ -184,6 +190,26 @@ class LoadedConfig:
         return (self.base_dir / relative).resolve()
 
 
+def _input_path(loc: tuple[int | str, ...], data: Any) -> tuple[int | str, ...]:
+    """The part of pydantic's location that exists in the YAML (it adds union and type tags)."""
+    path: list[int | str] = []
+    node = data
+    for item in loc:
+        if isinstance(node, dict) and item in node:
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+            node = node[item]
+        elif isinstance(node, dict) and isinstance(item, str) and not path[-1:] == [item]:
+            # A missing or unknown key: name it, then stop.
+            if "[" not in item and "-" not in item and "'" not in item:
+                path.append(item)
+            break
+        else:
+            break
+        path.append(item)
+    return tuple(path)
+
+
 def _location(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
@@ -196,17 +222,27 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return "".join(parts)
 
 
-def _first_error(exc: ValidationError, file: str) -> ConfigError:
+def _first_error(exc: ValidationError, file: str, data: Any) -> ConfigError:
     errors = exc.errors(include_url=False)
-    # Branches of a union each report; the first error is the most specific one for a reader.
     first = errors[0]
-    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    message = str(first["msg"])
-    if first["type"] == "extra_forbidden":
-        message = "unknown key"
-    elif first["type"] == "missing":
-        message = "required key is missing"
-    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    loc = _input_path(first["loc"], data)
+    # Branches of a union each report an error at the same place: say them as one.
+    same_place = [e for e in errors if _input_path(e["loc"], data) == loc]
+    messages: list[str] = []
+    for error in same_place:
+        if error["type"] == "extra_forbidden":
+            text = "unknown key"
+        elif error["type"] == "missing":
+            text = "required key is missing"
+        elif error["type"] == "value_error" and "error" in error.get("ctx", {}):
+            text = str(error["ctx"]["error"])
+        else:
+            text = str(error["msg"])
+        if text not in messages:
+            messages.append(text)
+    message = " or ".join(messages)
+    others = len(errors) - len(same_place)
+    more = f" (and {others} more problem(s))" if others else ""
     return ConfigError(message + more, file=file, key=_location(loc) or None)
 
 
@@ -214,9 +250,11 @@ def parse_config(data: Any, file: str) -> Config:
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping with 'agents'", file=file)
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
-        raise _first_error(exc, file) from None
+        raise _first_error(exc, file, data) from None
+    _check_references(config, file)
+    return config
 
 
 def read_yaml(path: Path, *, what: str = "config") -> Any:

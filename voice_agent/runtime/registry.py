@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,7 +17,6 @@ from voice_agent.errors import ConfigError
 from voice_agent.runtime.functions import FunctionModule, LocalTool, load_functions
 from voice_agent.runtime.remote_tools import RemoteAction, RemoteTool, load_remote_tool
 from voice_agent.runtime.secrets import Secrets
-from voice_agent.runtime.templates import template_variables
 from voice_agent.runtime.update_state import UpdateStateTool, compile_updates
 
 if TYPE_CHECKING:
@@ -80,6 +80,22 @@ class CompiledAgent:
         if self.config.transitions:
             schemas.append(transfer_tool_schema(self.config.transitions))
         return schemas
+
+
+_SECRET_PLACEHOLDER = re.compile(r"\{\{\s*secrets?[:.]")
+
+
+def _spoken_texts(config: AgentConfig) -> list[tuple[str, str]]:
+    """Every text that reaches the LLM or the caller, with its key."""
+    texts = [("prompt", config.prompt), ("first_message", config.first_message or "")]
+    if config.flow is not None:
+        for name, page in config.flow.pages.items():
+            texts.append((f"flow.pages.{name}.message", page.message or ""))
+            for param, form_field in page.form.items():
+                texts.append((f"flow.pages.{name}.form.{param}.prompt", form_field.prompt))
+            for index, route in enumerate(page.routes):
+                texts.append((f"flow.pages.{name}.routes[{index}].say", route.say or ""))
+    return texts
 
 
 def transfer_tool_schema(targets: list[str]) -> dict[str, Any]:
@@ -171,21 +187,24 @@ class AgentRegistry:
     def _compile(self, name: str, config: AgentConfig) -> CompiledAgent:
         file = self.file
         key = f"agents.{name}"
-        for field_name in ("prompt", "first_message"):
-            text = getattr(config, field_name) or ""
-            for variable in template_variables(text):
-                if variable.startswith("secret"):
-                    raise ConfigError(
-                        "secrets may not appear in prompts or messages: they would reach the "
-                        "LLM or the caller",
-                        file=file,
-                        key=f"{key}.{field_name}",
-                    )
+        for where, text in _spoken_texts(config):
+            if _SECRET_PLACEHOLDER.search(text):
+                raise ConfigError(
+                    "secrets may not appear in prompts or messages: they would reach the "
+                    "LLM or the caller",
+                    file=file,
+                    key=f"{key}.{where}",
+                )
         functions = None
         if config.functions:
-            functions = load_functions(
-                self.loaded.resolve(config.functions), config_file=file, cache=self._modules
-            )
+            functions_path = self.loaded.resolve(config.functions)
+            if not functions_path.is_file():
+                raise ConfigError(
+                    f"functions module {str(functions_path)!r} not found",
+                    file=file,
+                    key=f"{key}.functions",
+                )
+            functions = load_functions(functions_path, config_file=file, cache=self._modules)
         update_tools: dict[str, UpdateStateTool] = {}
         for index, tool in enumerate(config.update_state):
             where = f"{key}.update_state[{index}]"
@@ -195,18 +214,21 @@ class AgentRegistry:
                 tool.updates, file=file, key=f"{where}.updates", allow_llm=True
             )
             update_tools[tool.name] = UpdateStateTool(tool.name, tool.description, updates)
-        remote_tools = {
-            tool_name: load_remote_tool(
-                tool_name,
-                self.loaded.resolve(tool.openapi),
-                base_url=tool.base_url,
-                headers=tool.headers,
-                timeout_s=tool.timeout_s,
-                resolve_secret=self.secrets.get,
-                config_file=file,
-            )
-            for tool_name, tool in config.tools.items()
-        }
+        remote_tools: dict[str, RemoteTool] = {}
+        for tool_name, remote in config.tools.items():
+            try:
+                remote_tools[tool_name] = load_remote_tool(
+                    tool_name,
+                    self.loaded.resolve(remote.openapi),
+                    base_url=remote.base_url,
+                    headers=remote.headers,
+                    timeout_s=remote.timeout_s,
+                    resolve_secret=self.secrets.get,
+                    config_file=file,
+                )
+            except ConfigError as exc:
+                where = f"{key}.{exc.key}" if exc.key else f"{key}.tools.{tool_name}"
+                raise ConfigError(exc.message, file=exc.file or file, key=where) from None
         agent = CompiledAgent(
             name=name,
             config=config,

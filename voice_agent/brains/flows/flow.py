@@ -66,12 +66,24 @@ def load_intents(data: Any, path: Path) -> tuple[list[IntentSpec], dict[str, Ent
     file = str(path)
     if not isinstance(data, Mapping) or not isinstance(data.get("intents"), Mapping):
         raise ConfigError("an intents file needs an 'intents' mapping", file=file)
+    for top in data:
+        if top not in ("intents", "entities"):
+            raise ConfigError(
+                "unknown key (expected 'intents' and 'entities')", file=file, key=str(top)
+            )
     entities: dict[str, EntitySpec] = {}
     for name, values in (data.get("entities") or {}).items():
         if not isinstance(values, Mapping):
             raise ConfigError(
                 "an entity maps values to synonym lists", file=file, key=f"entities.{name}"
             )
+        for value, synonyms in values.items():
+            if synonyms is not None and not isinstance(synonyms, list):
+                raise ConfigError(
+                    "synonyms must be a list, e.g. [inside, indoors]",
+                    file=file,
+                    key=f"entities.{name}.{value}",
+                )
         entities[name] = EntitySpec(
             name,
             {
@@ -93,6 +105,15 @@ def load_intents(data: Any, path: Path) -> tuple[list[IntentSpec], dict[str, Ent
         )
         intents.append(IntentSpec(name, tuple(str(p) for p in body["phrases"]), parameters))
     return intents, entities
+
+
+_RESERVED_EVENTS = {
+    "no-input": "use the flow's no_input",
+    "no-match": "use the flow's no_match",
+    "error": "use the flow's on_error",
+    "welcome": "the start page's message greets the caller; use @EventTrigger('welcome') for code",
+    "call-ended": "nothing can be said after the call; use @EventTrigger('call-ended')",
+}
 
 
 @dataclass(frozen=True)
@@ -208,6 +229,12 @@ class FlowBrain:
             "error": route(flow.on_error, f"{key}.on_error"),
         }
         for name, handler in flow.events.items():
+            if name in _RESERVED_EVENTS:
+                raise ConfigError(
+                    f"{name!r} is not an event handler here: {_RESERVED_EVENTS[name]}",
+                    file=file,
+                    key=f"{key}.events.{name}",
+                )
             handlers[name] = route(handler, f"{key}.events.{name}")
         return cls(agent, pages, flow.start_page, flow_routes, handlers)
 
@@ -256,12 +283,12 @@ class FlowBrain:
             parameters=best.parameters if best else {},
         )
         filled: dict[str, Any] = {}
-        missing = self._missing(page, session.state)
-        if missing:
-            specs = [f.spec for f in missing]
+        unset = [f for f in page.form if session.state.get(f.spec.name) is None]
+        if unset:
+            specs = [f.spec for f in unset]
             filled = extract_parameters(text, specs, now=now, entities=self.entities)
             if best is not None:
-                for field_ in missing:
+                for field_ in unset:
                     if field_.spec.name in best.parameters and field_.spec.name not in filled:
                         filled[field_.spec.name] = best.parameters[field_.spec.name]
             if filled:

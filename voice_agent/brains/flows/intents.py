@@ -25,13 +25,29 @@ __all__ = ["IntentMatch", "IntentMatcher", "IntentSpec", "MatchResult", "matchin
 
 # Phrases are prepared against a fixed moment: only where dates and times are matters there.
 _PHRASE_NOW = datetime(2000, 1, 3, 12, 0)
+# Hesitations carry no intent; "like" is mostly "um, like" or "i would like", also empty.
 _FILLERS = frozenset({"uh", "um", "umm", "uhm", "er", "erm", "ah", "hmm", "hm", "mm", "eh", "like"})
 # Kept as one word so that filler removal does not turn a "yes" into nothing.
 _KEEP_TOGETHER = re.compile(r"\b(uh huh|mm hmm|uh uh)\b")
-# Weights of the rapidfuzz scorers in a phrase's score, see IntentMatcher._scores.
-_SET_WEIGHT = 0.45
-_SORT_WEIGHT = 0.35
-_PARTIAL_WEIGHT = 0.20
+# Function words: dropped for the word-level scorers so that the words telling intents apart
+# ("cancel", "change", "hours") weigh more than "can i", "to my", "for the".
+_FUNCTION_WORDS = frozenset(
+    "i a an the to is it am are be will would could can you me my our us we please just so "
+    "for of on at in and do does did".split()
+)
+# A phrase's score: token_set_ratio + token_sort_ratio over characters (forgiving misheard
+# and inflected words) + ratio over the sorted content words (exact word overlap).
+_SET_WEIGHT = 0.4
+_SORT_WEIGHT = 0.3
+_WORDS_WEIGHT = 0.3
+# An intent's confidence: its best phrase score blended with how much of the utterance's
+# content words its phrases use at all (token_set_ratio against the intent's vocabulary).
+_VOCABULARY_WEIGHT = 0.3
+# Words are coded as single characters from here on; coded strings are only compared with
+# each other, so any block of code points serves.
+_FIRST_CODE = 0x4E00
+# How many phrases, best by the cheap scorers, also get the costlier token_set_ratio.
+_SHORTLIST = 16
 
 
 @dataclass(frozen=True)
@@ -71,33 +87,52 @@ def _placeholder(kind: str) -> str:
 
 def matching_key(annotation: Annotation) -> str:
     """The form an utterance is scored in: recognised spans replaced by placeholders
-    ("for xnumber xwhen"), repeated placeholders merged, fillers dropped."""
+    ("for xnumber xwhen", "xyes"), a placeholder repeated in a row kept once, fillers dropped."""
     text = annotation.text
-    parts: list[str] = []
-    position = 0
-    for kind, start, end in annotation.spans:
-        parts.append(text[position:start])
-        parts.append(f" {_placeholder(kind)} ")
-        position = end
-    parts.append(text[position:])
     words: list[str] = []
-    for word in _KEEP_TOGETHER.sub(lambda m: m.group(0).replace(" ", ""), "".join(parts)).split():
-        if word in _FILLERS or (words and word == words[-1] and word.startswith("x")):
-            continue
-        words.append(word)
+    previous_placeholder = ""
+    position = 0
+
+    def add_text(chunk: str) -> None:
+        nonlocal previous_placeholder
+        chunk = _KEEP_TOGETHER.sub(lambda m: m.group(0).replace(" ", ""), chunk)
+        for word in chunk.split():
+            if word not in _FILLERS:
+                words.append(word)
+                previous_placeholder = ""
+
+    for kind, start, end in annotation.spans:
+        add_text(text[position:start])
+        placeholder = _placeholder(kind)
+        if placeholder != previous_placeholder:
+            words.append(placeholder)
+            previous_placeholder = placeholder
+        position = end
+    add_text(text[position:])
     return " ".join(words)
+
+
+def _content_words(key: str) -> list[str]:
+    """The sorted words of a key without function words (all of them if that leaves none)."""
+    words = key.split()
+    return sorted(w for w in words if w not in _FUNCTION_WORDS) or sorted(words)
 
 
 class IntentMatcher:
     """Scores utterances against intents' example phrases.
 
-    Each phrase and each utterance is normalised and its parameter spans are replaced by
-    placeholders, so "a table for two tomorrow at seven" and "a table for 4 on friday at 8pm"
-    both read "a table for xnumber xwhen". A phrase's score combines three rapidfuzz
-    scorers: token_set_ratio (every word of one side found in the other), token_sort_ratio
-    (whole wording, order-free, so a short phrase inside a long utterance is not a full
-    match) and partial_ratio (the phrase as a fragment of a longer utterance). An intent's
-    confidence is its best phrase score, and intents at or above the threshold match.
+    Each phrase and each utterance is normalised and the spans parameter extraction
+    recognises are replaced by placeholders, so "a table for two tomorrow at seven" and
+    "a table for 4 on friday at 8pm" both read "a table for xnumber xwhen", and "that's not
+    correct" reads "that is xno". A phrase's score combines rapidfuzz scorers:
+    token_set_ratio (one side's words found in the other), token_sort_ratio (the whole
+    wording, so a short phrase inside a long utterance is no full match) and an edit ratio
+    over the sorted content words (whole-word overlap, function words left out). An intent's
+    confidence blends its best phrase score with a token_set_ratio of the utterance's
+    content words against all words of the intent's phrases, which rewards an intent whose
+    phrases share the utterance's telling words even when no single phrase is close.
+    Intents at or above the threshold match. Phrases are prepared once, here; a match costs
+    about half a millisecond for ten intents of fifteen phrases.
     """
 
     def __init__(
@@ -136,31 +171,74 @@ class IntentMatcher:
                     owners.append(index)
         self._keys = keys
         self._sorted_keys = [" ".join(sorted(key.split())) for key in keys]
+        self._lengths = np.asarray([len(key.split()) for key in keys], dtype=np.intp)
+        # Each word becomes one character so that rapidfuzz's string ratio, its fastest scorer,
+        # compares whole words: an edit ratio over words, not letters.
+        self._word_codes: dict[str, str] = {}
+        self._content = [self._encode(_content_words(key)) for key in keys]
         self._owners = np.asarray(owners, dtype=np.intp)
+        vocabularies: list[set[str]] = [set() for _ in self.intents]
+        for key, owner in zip(keys, owners, strict=True):
+            vocabularies[owner].update(_content_words(key))
+        self._vocabularies = [" ".join(sorted(words)) for words in vocabularies]
+
+    def _encode(self, words: list[str], extend: bool = True) -> str:
+        codes = self._word_codes
+        out = []
+        unknown: dict[str, str] = {}
+        for word in words:
+            code = codes.get(word)
+            if code is None and extend:
+                code = codes[word] = chr(_FIRST_CODE + len(codes))
+            elif code is None:
+                # Words no phrase has get codes no phrase uses, the same code for a repeat.
+                code = unknown.setdefault(word, chr(_FIRST_CODE + len(codes) + len(unknown)))
+            out.append(code)
+        return "".join(out)
 
     def key(self, text: str, *, now: datetime) -> str:
         """The placeholder form `text` is scored in (see `matching_key`)."""
         return matching_key(annotate(text, now=now, entities=self.entities))
 
-    def _scores(self, key: str) -> np.ndarray:
-        """Each phrase's score for the utterance key, 0..100."""
-        ordered = " ".join(sorted(key.split()))
-        token_set = process.cdist([key], self._keys, scorer=fuzz.token_set_ratio)[0]
-        # token_sort_ratio is the plain ratio of sorted words; the phrases are sorted once here.
-        token_sort = process.cdist([ordered], self._sorted_keys, scorer=fuzz.ratio)[0]
-        partial = process.cdist([key], self._keys, scorer=fuzz.partial_ratio)[0]
-        scores: np.ndarray = (
-            _SET_WEIGHT * token_set + _SORT_WEIGHT * token_sort + _PARTIAL_WEIGHT * partial
-        )
-        return scores
+    def _confidences(self, key: str) -> np.ndarray:
+        """Each intent's confidence for the utterance key, 0..100."""
+        content = _content_words(key)
+        sorted_key = " ".join(sorted(key.split()))
+        # token_sort_ratio is the plain ratio of sorted words, and the phrases are sorted once.
+        token_sort = process.cdist([sorted_key], self._sorted_keys, scorer=fuzz.ratio)[0]
+        encoded = self._encode(content, extend=False)
+        words = process.cdist([encoded], self._content, scorer=fuzz.ratio)[0]
+        # token_set_ratio costs ten times more than the others: it is computed for the
+        # phrases the cheap scorers rank highest, and the rest use token_sort in its place.
+        token_set = token_sort.copy()
+        if len(self._keys) > _SHORTLIST:
+            shortlist = np.argpartition(-(token_sort + words), _SHORTLIST)[:_SHORTLIST]
+        else:
+            shortlist = np.arange(len(self._keys))
+        # token_set_ratio is 100 when either side's words are all in the other; that should
+        # reward an utterance containing a phrase, not a one-word utterance ("what") that a
+        # phrase contains: against phrases longer by two words or more, token_sort stays.
+        shortlist = shortlist[self._lengths[shortlist] - 1 <= len(key.split())]
+        if len(shortlist):
+            token_set[shortlist] = process.cdist(
+                [key], [self._keys[i] for i in shortlist], scorer=fuzz.token_set_ratio
+            )[0]
+        phrase_scores = _SET_WEIGHT * token_set + _SORT_WEIGHT * token_sort + _WORDS_WEIGHT * words
+        best = np.zeros(len(self.intents))
+        np.maximum.at(best, self._owners, phrase_scores)
+        vocabulary = process.cdist(
+            [" ".join(content)], self._vocabularies, scorer=fuzz.token_set_ratio
+        )[0]
+        confidences: np.ndarray = (1 - _VOCABULARY_WEIGHT) * best + _VOCABULARY_WEIGHT * vocabulary
+        return confidences
 
     def scores(self, text: str, *, now: datetime) -> dict[str, float]:
         """Every intent's confidence (0..1) for `text`, matched or not; for tuning."""
         key = self.key(text, now=now)
-        best = np.zeros(len(self.intents))
-        if key and self._keys:
-            np.maximum.at(best, self._owners, self._scores(key))
-        return {intent.name: float(best[i]) / 100.0 for i, intent in enumerate(self.intents)}
+        if not key or not self._keys:
+            return {intent.name: 0.0 for intent in self.intents}
+        confidences = self._confidences(key)
+        return {intent.name: float(confidences[i]) / 100 for i, intent in enumerate(self.intents)}
 
     def match(self, text: str, *, now: datetime) -> MatchResult:
         """The intents `text` matches at or above the threshold, best first, each with its
@@ -168,12 +246,10 @@ class IntentMatcher:
         key = self.key(text, now=now)
         if not key or not self._keys:
             return MatchResult(text, ())
-        best = np.zeros(len(self.intents))
-        np.maximum.at(best, self._owners, self._scores(key))
-        order = np.argsort(-best, kind="stable")
+        confidences = self._confidences(key)
         matches: list[IntentMatch] = []
-        for index in order:
-            confidence = float(best[index]) / 100.0
+        for index in np.argsort(-confidences, kind="stable"):
+            confidence = float(confidences[index]) / 100
             if confidence < self.threshold:
                 break
             intent = self.intents[int(index)]

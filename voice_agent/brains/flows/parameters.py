@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
+from functools import lru_cache
 from typing import Any, Literal, get_args
 
 from rapidfuzz import fuzz, process
@@ -110,8 +111,9 @@ _S_IS = frozenset(
     "it that what where when who how there here he she name this everything nothing "
     "something everyone".split()
 )
-# STT engines often drop apostrophes; these spellings are unambiguous enough to expand.
-_BARE_CONTRACTIONS: dict[str, str] = {
+# Respellings applied word by word: contractions whose apostrophe STT dropped ("dont"), when
+# unambiguous enough, and variants that should look alike ("okay", "alright", "mister").
+_RESPELLINGS: dict[str, str] = {
     "im": "i am", "ive": "i have", "youre": "you are", "theyre": "they are", "dont": "do not",
     "doesnt": "does not", "didnt": "did not", "isnt": "is not", "arent": "are not",
     "wasnt": "was not", "werent": "were not", "cant": "can not", "wont": "will not",
@@ -149,6 +151,7 @@ def _expand_apostrophe(match: re.Match[str]) -> str:
     return word
 
 
+@lru_cache(maxsize=2048)
 def normalise(text: str) -> str:
     """Lower-case, expand contractions, split "7pm", and drop punctuation except inside
     numbers ("19:30", "2.5", "12/24"); tokens come out separated by single spaces."""
@@ -161,7 +164,7 @@ def normalise(text: str) -> str:
     s = _GLUED_AMPM.sub(r"\1 \2", s)
     s = _NOT_KEPT.sub(" ", s)
     s = _LONE_SEPARATOR.sub(" ", s)
-    s = " ".join(_BARE_CONTRACTIONS.get(word, word) for word in s.split())
+    s = " ".join(_RESPELLINGS.get(word, word) for word in s.split())
     return _ID_LIKE.sub(r"i would \1", s)
 
 
@@ -216,6 +219,7 @@ _PEOPLE_WORDS = frozenset(
 _NOT_TIME_AFTER = _PEOPLE_WORDS | frozenset(
     "minutes minute hours hour days day weeks week months more times tables table of".split()
 )
+_DURATIONS = frozenset("minutes minute hours hour days day weeks week".split())
 _NUMBER_CUES = frozenset("for of be are party table".split())
 _DETERMINERS = frozenset("the that this which another any each every no some a one".split())
 
@@ -225,14 +229,21 @@ _YES_PHRASES = (
     "indeed", "affirmative", "ok", "all right", "sounds good", "sounds great", "perfect",
     "great", "good", "please do", "go ahead", "go for it", "do it", "yes please", "that works",
     "works for me", "fine", "uh huh", "mm hmm", "mhm", "you got it", "confirmed", "i confirm",
-    "true", "that is it", "you bet", "right",
+    "true", "you bet", "right", "that is fine", "that is great", "that is good",
+    "that is perfect", "that is ok", "that is all right", "very good",
+)  # fmt: skip
+# Everyday words that answer yes only when they open the utterance: "good", but not the one in
+# "have a good evening".
+_WEAK_YES = frozenset(
+    {("right",), ("good",), ("great",), ("fine",), ("perfect",), ("ok",), ("true",),
+     ("exactly",), ("all", "right"), ("indeed",), ("sure",)}
 )  # fmt: skip
 _NO_PHRASES = (
     "no", "nope", "nah", "not really", "no thanks", "no thank you", "not at all", "negative",
     "incorrect", "wrong", "that is wrong", "not right", "not correct", "not quite", "not ok",
     "not good", "not exactly", "absolutely not", "definitely not", "of course not",
     "certainly not", "i do not think so", "please do not", "that is not it",
-    "false", "no way", "never",
+    "false", "no way",
 )  # fmt: skip
 # Phrases that contain a yes/no word but are neither; matching them blocks the words inside.
 _UNSURE_PHRASES = (
@@ -240,6 +251,8 @@ _UNSURE_PHRASES = (
     "no one", "no worries", "do not know", "right now",
 )  # fmt: skip
 
+# Words a name follows. Some also precede ordinary words ("this is great", "i am looking"):
+# a name is only taken from words that are not in the stop list below.
 _NAME_CUES: tuple[tuple[str, ...], ...] = tuple(
     tuple(cue.split())
     for cue in (
@@ -249,8 +262,10 @@ _NAME_CUES: tuple[tuple[str, ...], ...] = tuple(
         "last name is", "first name is", "mr", "mrs", "ms", "miss", "dr", "doctor",
     )
 )  # fmt: skip
-# Cues that often precede an ordinary word ("this is great", "i am looking"): their name must
-# not be a common word, which the stop list below guarantees for every cue.
+_NAME_CUES_BY_FIRST: dict[str, tuple[tuple[str, ...], ...]] = {
+    first: tuple(cue for cue in _NAME_CUES if cue[0] == first) for first, *_ in _NAME_CUES
+}
+# Words a name comes before, at the start of an utterance: "david speaking".
 _NAME_AFTER = frozenset({"speaking", "calling", "here"})
 # Common words that are not names; with number words, days, months and yes/no words.
 _NOT_NAME = frozenset(
@@ -276,8 +291,7 @@ _NOT_NAME = frozenset(
     wanted wanting was we well were what when where whether which while who whole whom why
     will wish with without would wrong yeah yep yes yet you your yours booking book booked
     bookings dinner breakfast table afternoon week weekend hour hours party guests guest both
-    place places somewhere anywhere nowhere there side
-    calling call ringing about regarding
+    place places somewhere anywhere nowhere side ringing regarding
     """.split()
 )
 _FILLERS = frozenset({"uh", "um", "umm", "uhm", "er", "erm", "ah", "hmm", "hm", "mm", "eh"})
@@ -349,6 +363,7 @@ _TYPED_INT = re.compile(r"^\d+$")
 _TYPED_FLOAT = re.compile(r"^\d+\.\d+$")
 _TYPED_ORDINAL = re.compile(r"^(\d{1,2})(?:st|nd|rd|th)$")
 _HHMM = re.compile(r"^(\d{1,2})[:.](\d{2})$")
+_MILITARY = re.compile(r"^([01]\d|2[0-3])([0-5]\d)$")
 _SLASH_DATE = re.compile(r"^(\d{1,4})/(\d{1,2})(?:/(\d{2,4}))?$")
 
 
@@ -377,6 +392,14 @@ def _numbers(words: Sequence[str], used: Sequence[bool]) -> dict[int, _Num]:
     return found
 
 
+@lru_cache(maxsize=512)
+def _all_numbers(text: str) -> dict[int, _Num]:
+    """The numbers of a whole normalised text; cached: annotation and every intent's
+    extraction look at the same utterance. Callers must not modify the result."""
+    words = text.split()
+    return _numbers(words, [False] * len(words))
+
+
 @dataclass
 class _DateFind:
     start: int
@@ -393,7 +416,6 @@ class _TimeFind:
     minute: int
     ambiguous: bool  # an hour 1-12 said without am/pm
     hint: str | None
-    strong: bool  # has minutes, am/pm, o'clock or a cue word: surely a time, not a count
 
 
 @dataclass
@@ -420,6 +442,7 @@ class _Analysis:
         self.today = self.now.date()
         self._all_numbers: dict[int, _Num] | None = None
         self.temporal: _Temporal | None = None
+        self.mentions_time = "time" in self.words
 
     def word(self, index: int) -> str:
         return self.words[index] if 0 <= index < len(self.words) else ""
@@ -437,7 +460,7 @@ class _Analysis:
     @property
     def all_numbers(self) -> dict[int, _Num]:
         if self._all_numbers is None:
-            self._all_numbers = _numbers(self.words, [False] * len(self.words))
+            self._all_numbers = _all_numbers(self.text)
         return self._all_numbers
 
     def number_at(self, index: int, *, ordinal: bool | None = False) -> _Num | None:
@@ -602,6 +625,10 @@ def _month_day(a: _Analysis, k: int) -> tuple[date, int] | None:
         return None
     after = day[1] + (w(day[1]) == "of")
     if w(after) in _MONTHS:
+        # A bare typed number before a month may be a count: "for 3, dec 5th" is the 5th.
+        cardinal = not a.all_numbers[j].ordinal and j == k
+        if cardinal and (w(k - 1) in _NUMBER_CUES or _day_at(a, after + 1, cardinal_words=True)):
+            return None
         return _with_year(a, a.today, _MONTHS[w(after)], day[0], after + 1)
     if (w(k) == "the" and a.number_at(j, ordinal=True)) or _TYPED_ORDINAL.match(w(j)):
         found = _next_day_of_month(a.today, day[0])  # "on the third": no month said
@@ -761,7 +788,8 @@ def _relative_time(a: _Analysis, k: int) -> tuple[int, int, int] | None:
 
 
 def _time_core(a: _Analysis, k: int) -> tuple[int, int, str | None, str | None, int, bool] | None:
-    """A time at word k: (hour, minute, meridiem, hint, end, strong)."""
+    """A time at word k: (hour, minute, meridiem, hint, end, strong); strong means it has
+    minutes, am/pm or o'clock, so it is surely a time even without a cue like "at"."""
     w = a.word
     if not a.free(k, k + 1):
         return None
@@ -786,6 +814,11 @@ def _time_core(a: _Analysis, k: int) -> tuple[int, int, str | None, str | None, 
         if hour <= 24 and minute <= 59:
             return hour, minute, meridiem, hint, end, strong
         return None
+    military = _MILITARY.match(w(k))
+    if military is not None:
+        # "at 1930": a time only after a cue word, so "strong" stays False.
+        meridiem, hint, end = _meridiem(a, k + 1)
+        return int(military.group(1)), int(military.group(2)), "fixed", hint, end, False
     num = a.number_at(k)
     if num is None:
         return None
@@ -817,7 +850,9 @@ def _time_core(a: _Analysis, k: int) -> tuple[int, int, str | None, str | None, 
 
 
 def _time_at(a: _Analysis, i: int, allow_bare: bool) -> _TimeFind | None:
-    cue = a.word(i) in _TIME_CUES
+    # "to eight" is a count in "change it to eight people" but a time in "change the time to
+    # eight": "to" is a cue only when the utterance speaks of time.
+    cue = a.word(i) in _TIME_CUES or (a.word(i) == "to" and a.mentions_time)
     core = _time_core(a, i + 1 if cue else i)
     if core is None:
         return None
@@ -829,7 +864,7 @@ def _time_at(a: _Analysis, i: int, allow_bare: bool) -> _TimeFind | None:
         ambiguous = False
     else:
         ambiguous = meridiem is None and 1 <= hour <= 12
-    return _TimeFind(i, end, hour % 24, minute, ambiguous, hint, strong or cue)
+    return _TimeFind(i, end, hour % 24, minute, ambiguous, hint)
 
 
 def _in_window(hour: int, hint: str) -> bool:
@@ -842,7 +877,8 @@ def _resolve(found: _TimeFind, day: date | None, now: datetime, hint: str | None
     1. a part-of-day word (its own "in the evening", "tomorrow morning", or "tonight",
        "dinner", "lunch" anywhere) picks the reading inside that part of the day;
     2. with no day said, or today: the next occurrence after `now` ("seven" at 16:00 is
-       19:00, at 20:00 it is 07:00 tomorrow; with no day said the result may be tomorrow);
+       19:00, at 20:00 it is 07:00 tomorrow; with no day said the result may be tomorrow,
+       with "today" said and both readings past, the pm one);
     3. on a later day: the reading inside 11:00-22:59, i.e. 1-10 are pm, 11 is am and
        12 is noon ("tomorrow at seven" is 19:00).
     """
@@ -867,8 +903,22 @@ def _resolve(found: _TimeFind, day: date | None, now: datetime, hint: str | None
     if day == today:
         later = [h for h in hours if datetime.combine(day, time(h, found.minute)) > now]
         return datetime.combine(day, time(later[0] if later else hours[1], found.minute))
-    hour = hours[0] if found.hour in (11,) else hours[1]
+    hour = hours[0] if found.hour == 11 else hours[1]
     return datetime.combine(day, time(hour, found.minute))
+
+
+# Words a date or a time can begin with, besides numbers: the parsers run only there.
+_DATE_STARTS = frozenset(
+    {"on", "the", "today", "tonight", "tomorrow", "this", "next", "coming", "day", "in"}
+    | set(_WEEKDAYS)
+    | set(_MONTHS)
+)
+_TIME_STARTS = _TIME_CUES | {"noon", "midday", "midnight", "half", "quarter", "a", "to"}
+
+
+def _could_start(a: _Analysis, i: int, starts: frozenset[str]) -> bool:
+    word = a.words[i]
+    return word in starts or word[0].isdigit() or i in a.all_numbers
 
 
 def _temporal(a: _Analysis, allow_bare: bool) -> _Temporal:
@@ -879,7 +929,9 @@ def _temporal(a: _Analysis, allow_bare: bool) -> _Temporal:
     times: list[_TimeFind] = []
     i = 0
     while i < len(a.words):
-        day = None if a.used[i] else _date_at(a, i)
+        day = None
+        if not a.used[i] and _could_start(a, i, _DATE_STARTS):
+            day = _date_at(a, i)
         if day is not None and day.end > day.start and a.free(day.start, day.end):
             dates.append(day)
             a.take(day.start, day.end)
@@ -888,7 +940,9 @@ def _temporal(a: _Analysis, allow_bare: bool) -> _Temporal:
             i += 1
     i = 0
     while i < len(a.words):
-        clock = None if a.used[i] else _time_at(a, i, False)
+        clock = None
+        if not a.used[i] and _could_start(a, i, _TIME_STARTS):
+            clock = _time_at(a, i, False)
         if clock is not None and clock.end > clock.start and a.free(clock.start, clock.end):
             times.append(clock)
             a.take(clock.start, clock.end)
@@ -898,7 +952,7 @@ def _temporal(a: _Analysis, allow_bare: bool) -> _Temporal:
     if not times and allow_bare:
         # A bare hour ("seven") is a time only when nothing else in the utterance is one.
         for i in range(len(a.words)):
-            bare = _time_at(a, i, True) if not a.used[i] else None
+            bare = _time_at(a, i, True) if not a.used[i] and i in a.all_numbers else None
             if bare is not None:
                 times.append(bare)
                 a.take(bare.start, bare.end)
@@ -966,24 +1020,36 @@ def _enum_finds(a: _Analysis, entity: EntitySpec) -> list[tuple[int, int, str]]:
     if finds:
         return finds
     for size, (phrases, canonicals) in compiled.fuzzy.items():
-        for i in range(n - size + 1):
-            if not a.free(i, i + size):
-                continue
-            window = " ".join(a.words[i : i + size])
-            if len(window) < ENUM_FUZZY_MIN_CHARS or all(
-                word in _NOT_NAME_ALL for word in a.words[i : i + size]
+        starts = [
+            i
+            for i in range(n - size + 1)
+            if a.free(i, i + size)
+            # Common words ("both", "inside") are never a garbled synonym.
+            and not all(word in _NOT_NAME_ALL for word in a.words[i : i + size])
+            and sum(map(len, a.words[i : i + size])) + size - 1 >= ENUM_FUZZY_MIN_CHARS
+        ]
+        if not starts:
+            continue
+        windows = [" ".join(a.words[i : i + size]) for i in starts]
+        similarity = process.cdist(
+            windows,
+            phrases,
+            scorer=JaroWinkler.normalized_similarity,
+            score_cutoff=ENUM_FUZZY_JARO_WINKLER,
+        )
+        for row, i in enumerate(starts):
+            best = int(similarity[row].argmax())
+            if (
+                similarity[row, best]
+                and fuzz.ratio(windows[row], phrases[best]) >= ENUM_FUZZY_RATIO
             ):
-                continue  # common words ("both", "inside") are never a garbled synonym
-            best = process.extractOne(
-                window,
-                phrases,
-                scorer=JaroWinkler.normalized_similarity,
-                score_cutoff=ENUM_FUZZY_JARO_WINKLER,
-            )
-            if best is not None and fuzz.ratio(window, best[0]) >= ENUM_FUZZY_RATIO:
-                finds.append((i, i + size, canonicals[best[2]]))
+                finds.append((i, i + size, canonicals[best]))
     finds.sort()
-    return finds
+    kept: list[tuple[int, int, str]] = []
+    for find in finds:
+        if not kept or find[0] >= kept[-1][1]:
+            kept.append(find)
+    return kept
 
 
 def _yes_no_finds(a: _Analysis) -> list[tuple[int, int, bool | None]]:
@@ -995,8 +1061,7 @@ def _yes_no_finds(a: _Analysis) -> list[tuple[int, int, bool | None]]:
     while i < n:
         for size in range(min(_YES_NO_MAX, n - i), 0, -1):
             key = tuple(a.words[i : i + size])
-            # "right" alone says yes only as the answer itself, not in "all right now" etc.
-            if key in _YES_NO_TABLE and a.free(i, i + size) and (key != ("right",) or i == 0):
+            if key in _YES_NO_TABLE and a.free(i, i + size) and (key not in _WEAK_YES or i == 0):
                 finds.append((i, i + size, _YES_NO_TABLE[key]))
                 i += size
                 break
@@ -1008,10 +1073,10 @@ def _yes_no_finds(a: _Analysis) -> list[tuple[int, int, bool | None]]:
 def _yes_no_find(a: _Analysis) -> tuple[int, int, bool] | None:
     """The answer of the first yes/no phrase, or None when that phrase is an unsure one."""
     finds = _yes_no_finds(a)
-    if not finds or finds[0][2] is None:
+    if not finds:
         return None
     start, end, value = finds[0]
-    return start, end, value
+    return None if value is None else (start, end, value)
 
 
 def _name_words(a: _Analysis, j: int) -> int:
@@ -1029,7 +1094,7 @@ def _name_find(a: _Analysis, allow_bare: bool) -> tuple[int, int, str] | None:
     "calling", or, when `allow_bare`, an utterance that is nothing but a name."""
     words = a.words
     for i in range(len(words)):
-        for cue in _NAME_CUES:
+        for cue in _NAME_CUES_BY_FIRST.get(words[i], ()):
             if tuple(words[i : i + len(cue)]) == cue:
                 j = i + len(cue)
                 end = _name_words(a, j)
@@ -1086,6 +1151,8 @@ def _quantity_finds(a: _Analysis) -> list[tuple[int, int, float]]:
         after = a.word(end)
         if after in _PEOPLE_WORDS or (after == "of" and a.word(end + 1) == "us"):
             return 0
+        if after in _DURATIONS:
+            return 3  # "in twenty minutes" is a count only when nothing else is
         return 1 if a.word(start - 1) in _NUMBER_CUES else 2
 
     return sorted(finds, key=rank)
