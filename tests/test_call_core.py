@@ -1,0 +1,234 @@
+"""The call core on a virtual clock: turn-taking, barge-in, backchannels, false interruptions.
+
+No sockets and no sleeping: frames are fed by hand, time is a number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from voice_agent.core.call import (
+    Action,
+    Audit,
+    CallCore,
+    CancelAgentTurn,
+    CommitReply,
+    CoreConfig,
+    FeedStt,
+    FinishStt,
+    InterruptionConfig,
+    RaiseEvent,
+    SendAudio,
+    SendClear,
+    SendMark,
+    StartStt,
+    StartUserTurn,
+    Synthesize,
+    TurnMetrics,
+)
+from voice_agent.core.playback import Word
+from voice_agent.core.turns import TurnConfig
+
+FRAME = b"\x00" * 640
+BYTES_PER_MS = 8.0  # 8 kHz mu-law
+
+
+class Driver:
+    """Plays the parts of the engines and the carrier around one CallCore."""
+
+    def __init__(self, **interruption: Any) -> None:
+        config = CoreConfig(
+            TurnConfig(min_speech_ms=100, end_of_turn_silence_ms=500, pre_roll_ms=200),
+            InterruptionConfig(**interruption),
+            no_input_timeout_ms=5000,
+        )
+        self.core = CallCore(config, bytes_per_ms=BYTES_PER_MS, sample_bytes=1)
+        self.now = 0.0
+        self.actions: list[Action] = []
+        self.marks: list[str] = []
+
+    def run(self, actions: list[Action]) -> list[Action]:
+        self.actions.extend(actions)
+        self.marks.extend(a.name for a in actions if isinstance(a, SendMark))
+        return actions
+
+    def frames(self, ms: int, speech: bool, partial: str = "") -> list[Action]:
+        out: list[Action] = []
+        for _ in range(ms // 20):
+            self.now += 20
+            out += self.run(self.core.audio_frame(FRAME, speech, partial, self.now))
+            out += self.run(self.core.tick(self.now))
+        return out
+
+    def say(self, reply_id: int, text: str, ms_per_word: float = 300) -> list[Action]:
+        """The agent speaks `text`: one sentence per Synthesize, audio sent at once."""
+        out = self.run(self.core.agent_text(reply_id, text, self.now))
+        out += self.run(self.core.agent_reply_end(reply_id, self.now))
+        for synth in [a for a in out if isinstance(a, Synthesize)]:
+            words = synth.text.split()
+            timed = tuple(
+                Word(w, i * ms_per_word, (i + 1) * ms_per_word) for i, w in enumerate(words)
+            )
+            duration = len(words) * ms_per_word
+            audio = b"\xff" * int(duration * BYTES_PER_MS)
+            out += self.run(
+                self.core.tts_audio(reply_id, synth.text, audio, duration, self.now, words=timed)
+            )
+        return out
+
+    def play(self, ms: float) -> list[Action]:
+        """The carrier plays `ms` of audio: marks whose audio ended come back."""
+        out: list[Action] = []
+        end = self.now + ms
+        while self.core.playback.queue:
+            head = self.core.playback.queue[0]
+            assert head.started_ms is not None
+            finish = head.started_ms + head.duration_ms
+            if finish > end:
+                break
+            self.now = finish
+            out += self.run(self.core.mark_played(head.mark, self.now))
+        self.now = end
+        out += self.run(self.core.tick(self.now))
+        return out
+
+
+def of(kind: type, actions: list[Action]) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_turn_detection_with_pre_roll_and_end_of_turn_silence() -> None:
+    d = Driver()
+    assert d.frames(200, speech=False) == []
+    started = d.frames(100, speech=True)
+    assert of(StartStt, started) and len(of(FeedStt, started)) == 10  # 200 ms pre-roll capped
+    d.frames(600, speech=True)
+    ended = d.frames(500, speech=False)
+    assert of(FinishStt, ended)
+    assert of(StartUserTurn, d.run(d.core.stt_final("book a table", d.now))) == [
+        StartUserTurn("book a table")
+    ]
+
+
+def test_short_silences_inside_an_utterance_do_not_end_it() -> None:
+    d = Driver()
+    d.frames(300, speech=True)
+    assert not of(FinishStt, d.frames(400, speech=False))
+    d.frames(300, speech=True)
+    assert of(FinishStt, d.frames(500, speech=False))
+
+
+def test_a_reply_heard_to_the_end_is_committed_whole() -> None:
+    d = Driver()
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Hello there, welcome to Bella Vista. How can I help you today?")
+    assert len(d.marks) == 2  # one chunk per sentence, a mark after each
+    assert of(CommitReply, d.play(400)) == []
+    committed = of(CommitReply, d.play(10_000))
+    assert committed == [
+        CommitReply(1, "Hello there, welcome to Bella Vista. How can I help you today?")
+    ]
+
+
+def test_barge_in_on_the_first_word_commits_nothing() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Our opening hours are noon to eleven every day.", ms_per_word=400)
+    cut = d.frames(300, speech=True, partial="wait")  # caller talks over the first word
+    assert of(SendClear, cut) and of(CancelAgentTurn, cut)
+    barge = next(a for a in cut if isinstance(a, Audit) and a.type == "barge_in")
+    assert barge.data["latency_ms"] == 300
+    d.frames(200, speech=True, partial="wait i need")
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("wait i need to cancel", d.now))
+    assert of(CommitReply, final) == [CommitReply(1, None)]
+    assert of(StartUserTurn, final) == [StartUserTurn("wait i need to cancel")]
+
+
+def test_barge_in_mid_sentence_commits_the_heard_prefix() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Our opening hours are noon to eleven every day.")
+    d.play(1250)  # "Our opening hours are" played (4 x 300 ms), "noon" not finished
+    d.frames(300, speech=True, partial="no")
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("no i meant the terrace", d.now))
+    # The caller spoke from 1250 ms; the cut came 300 ms later, when "noon" had also played.
+    assert of(CommitReply, final) == [CommitReply(1, "Our opening hours are noon")]
+
+
+def test_backchannel_does_not_interrupt_and_is_not_a_turn() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "So that is a table for two tomorrow at seven in the evening.")
+    d.play(600)
+    during = d.frames(400, speech=True, partial="uh huh")
+    assert not of(SendClear, during)
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("uh huh", d.now))
+    assert of(StartUserTurn, final) == []
+    assert [a.data["reason"] for a in of(Audit, final)] == ["backchannel"]
+    done = of(CommitReply, d.play(10_000))
+    assert done == [CommitReply(1, "So that is a table for two tomorrow at seven in the evening.")]
+
+
+def test_noise_burst_stops_the_agent_then_it_resumes_from_the_cut_word() -> None:
+    d = Driver(min_interruption_ms=300, false_interruption_timeout_ms=800)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Your table is booked for Friday at eight in the evening.")
+    d.play(650)  # "Your table" heard
+    cough = d.frames(300, speech=True)  # a cough: VAD fires, no words
+    assert of(SendClear, cough)
+    sent_before = len(of(SendAudio, d.actions))
+    resumed = d.frames(800, speech=False)
+    resent = of(SendAudio, resumed)
+    assert len(of(SendAudio, d.actions)) == sent_before + 1
+    # Resent from "is", the first word not heard in full (words are 300 ms, 8 bytes per ms).
+    assert len(resent[0].audio) == (10 - 2) * 300 * 8
+    assert [a.data["reason"] for a in of(Audit, resumed) if a.type == "false_interruption"] == [
+        "no words"
+    ]
+    final = d.run(d.core.stt_final("", d.now))
+    assert of(StartUserTurn, final) == []
+    done = of(CommitReply, d.play(10_000))
+    assert done == [CommitReply(1, "Your table is booked for Friday at eight in the evening.")]
+
+
+def test_min_interruption_words_waits_for_recognised_words() -> None:
+    d = Driver(min_interruption_ms=200, min_interruption_words=2)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Let me read the whole menu to you now, starting with the pasta.")
+    assert not of(SendClear, d.frames(300, speech=True, partial="uh"))
+    assert of(SendClear, d.frames(40, speech=True, partial="stop please"))
+
+
+def test_empty_transcript_is_never_a_turn_and_no_input_fires() -> None:
+    d = Driver()
+    d.frames(200, speech=True)
+    d.frames(500, speech=False)
+    dropped = d.run(d.core.stt_final("", d.now))
+    assert of(StartUserTurn, dropped) == []
+    assert of(RaiseEvent, d.frames(5000, speech=False)) == [RaiseEvent("no-input")]
+
+
+def test_turn_metrics_cover_every_stage() -> None:
+    d = Driver()
+    d.frames(400, speech=True)
+    d.frames(500, speech=False)
+    d.run(d.core.stt_final("hello", d.now + 30))
+    d.now += 100
+    out = d.say(1, "Hi, how can I help you today?")
+    metrics = of(TurnMetrics, out)[0].data
+    assert metrics["speech_start_ms"] == 0
+    assert metrics["speech_end_ms"] == 400
+    assert metrics["end_of_turn_ms"] == 900
+    assert metrics["stt_final_ms"] == 930
+    assert metrics["first_token_ms"] == metrics["first_audio_sent_ms"] == 1000
+
+
+def test_hang_up_mid_reply_commits_what_played() -> None:
+    d = Driver()
+    d.core.agent_turn_started(d.now)
+    d.say(1, "One two three four five six seven eight.")
+    d.play(900)
+    assert of(CommitReply, d.run(d.core.hang_up(d.now))) == [CommitReply(1, "One two three")]

@@ -1,0 +1,477 @@
+"""The call core: caller audio and agent speech in, actions out, with an injected clock.
+
+It decides when the caller's turn ends, when caller speech is a barge-in (and when it is only a
+backchannel or a noise), and what of the agent's speech the caller heard, which is what gets
+committed. It does no I/O: a driver runs the engines and the transport from its actions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from voice_agent.core.playback import Chunk, PlaybackTracker, Word, estimate_words
+from voice_agent.core.sentences import SentenceSplitter
+from voice_agent.core.turns import TurnConfig, TurnDetector
+
+DEFAULT_BACKCHANNELS = (
+    "uh-huh",
+    "uh huh",
+    "mm-hmm",
+    "mhm",
+    "mm",
+    "yeah",
+    "yep",
+    "okay",
+    "ok",
+    "right",
+)
+
+
+@dataclass(frozen=True)
+class InterruptionConfig:
+    min_interruption_ms: int = 400  # caller speech this long over the agent stops it
+    min_interruption_words: int = 0  # and, when set, this many recognised (non-backchannel) words
+    false_interruption_timeout_ms: int = 1500  # no words by then: the agent resumes
+    backchannels: tuple[str, ...] = DEFAULT_BACKCHANNELS
+    resume_after_false_interruption: bool = True
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    turn: TurnConfig = field(default_factory=TurnConfig)
+    interruption: InterruptionConfig = field(default_factory=InterruptionConfig)
+    no_input_timeout_ms: int | None = 8000
+
+
+# ---- actions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartStt:
+    pass
+
+
+@dataclass(frozen=True)
+class FeedStt:
+    frame: bytes
+
+
+@dataclass(frozen=True)
+class FinishStt:
+    pass
+
+
+@dataclass(frozen=True)
+class StartUserTurn:
+    text: str
+
+
+@dataclass(frozen=True)
+class CancelAgentTurn:
+    pass
+
+
+@dataclass(frozen=True)
+class Synthesize:
+    reply_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class SendAudio:
+    audio: bytes
+
+
+@dataclass(frozen=True)
+class SendMark:
+    name: str
+
+
+@dataclass(frozen=True)
+class SendClear:
+    pass
+
+
+@dataclass(frozen=True)
+class CommitReply:
+    reply_id: int
+    heard: str | None
+
+
+@dataclass(frozen=True)
+class RaiseEvent:
+    name: str
+
+
+@dataclass(frozen=True)
+class Audit:
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TurnMetrics:
+    data: dict[str, float | None]
+
+
+Action = (
+    StartStt
+    | FeedStt
+    | FinishStt
+    | StartUserTurn
+    | CancelAgentTurn
+    | Synthesize
+    | SendAudio
+    | SendMark
+    | SendClear
+    | CommitReply
+    | RaiseEvent
+    | Audit
+    | TurnMetrics
+)
+
+_START_STT = StartStt()
+_FINISH_STT = FinishStt()
+_CLEAR = SendClear()
+_CANCEL = CancelAgentTurn()
+_WORDS = re.compile(r"[a-z0-9']+")
+
+
+def words_of(text: str) -> list[str]:
+    return _WORDS.findall(text.lower().replace("-", " "))
+
+
+@dataclass
+class _Reply:
+    splitter: SentenceSplitter = field(default_factory=SentenceSplitter)
+    generated: str = ""
+    synth_pending: int = 0
+    done: bool = False  # generation finished, or was cancelled
+    cancelled: bool = False
+    cut: bool = False  # a barge-in cut it: commit what was heard, not what was generated
+
+
+@dataclass
+class _Interruption:
+    started_ms: float
+    deadline_ms: float
+    unheard: list[Chunk]
+    heard: dict[int, str]
+
+
+class CallCore:
+    def __init__(self, config: CoreConfig, *, bytes_per_ms: float, sample_bytes: int) -> None:
+        self.config = config
+        self.turns = TurnDetector(config.turn)
+        self.playback = PlaybackTracker(bytes_per_ms, sample_bytes)
+        self._backchannel_words = frozenset(
+            word for phrase in config.interruption.backchannels for word in words_of(phrase)
+        )
+        self._replies: dict[int, _Reply] = {}
+        self._interruption: _Interruption | None = None
+        self._segment_spent = False  # this stretch of caller speech already made its barge-in
+        self._partial = ""
+        self._mark_seq = 0
+        self.agent_busy = False
+        self._no_input_deadline: float | None = None
+        self._metrics: dict[str, float | None] | None = None
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _real_words(self, text: str) -> tuple[list[str], list[str]]:
+        words = words_of(text)
+        return words, [w for w in words if w not in self._backchannel_words]
+
+    def _agent_audible(self) -> bool:
+        return self.playback.playing
+
+    def next_deadline(self) -> float | None:
+        """When tick() next has something to do; the driver sets one timer for it."""
+        deadlines = [
+            d
+            for d in (
+                self._interruption.deadline_ms if self._interruption else None,
+                self._no_input_deadline,
+            )
+            if d is not None
+        ]
+        return min(deadlines) if deadlines else None
+
+    def _arm_no_input(self, now_ms: float) -> None:
+        timeout = self.config.no_input_timeout_ms
+        idle = not (self.agent_busy or self.playback.playing or self.turns.in_speech)
+        if timeout is not None and idle and self._interruption is None:
+            self._no_input_deadline = now_ms + timeout
+
+    # ---- caller audio ------------------------------------------------------------------
+
+    def audio_frame(
+        self, frame: bytes, is_speech: bool, partial: str, now_ms: float
+    ) -> list[Action]:
+        step = self.turns.feed(frame, is_speech, now_ms)
+        self._partial = partial
+        if not step.stt_frames and not self.turns.in_speech:
+            return []
+        actions: list[Action] = []
+        if step.started:
+            self._no_input_deadline = None
+            self._metrics = {"speech_start_ms": self.turns.speech_start_ms}
+            actions.append(_START_STT)
+            actions.append(Audit("caller_speech_started", {"at_ms": self.turns.speech_start_ms}))
+        actions.extend(FeedStt(f) for f in step.stt_frames)
+        # Only a frame of speech can complete a barge-in: a pause inside the utterance cannot.
+        if is_speech and not self._segment_spent and self._interruption is None:
+            if self._agent_audible() and self._is_barge_in(now_ms):
+                actions.extend(self._barge_in(now_ms))
+        if step.ended:
+            self._segment_spent = False
+            if self._metrics is not None:
+                self._metrics["speech_end_ms"] = self.turns.speech_end_ms
+                self._metrics["end_of_turn_ms"] = now_ms
+            actions.append(_FINISH_STT)
+        return actions
+
+    def _is_barge_in(self, now_ms: float) -> bool:
+        rules = self.config.interruption
+        if self.turns.speech_ms(now_ms) < rules.min_interruption_ms:
+            return False
+        words, real = self._real_words(self._partial)
+        if words and not real:
+            return False  # a backchannel so far: the agent goes on
+        return len(real) >= rules.min_interruption_words
+
+    def _barge_in(self, now_ms: float) -> list[Action]:
+        """Stop the agent at once; what it means is decided when words arrive (or don't)."""
+        self._segment_spent = True
+        cut = self.playback.cut(now_ms)
+        actions: list[Action] = [_CLEAR]
+        if self.agent_busy:
+            actions.append(_CANCEL)
+            self.agent_busy = False
+        for reply in self._replies.values():
+            reply.cancelled = True
+            reply.done = True
+            reply.synth_pending = 0
+        started = self.turns.speech_start_ms if self.turns.speech_start_ms is not None else now_ms
+        self._interruption = _Interruption(
+            started,
+            now_ms + self.config.interruption.false_interruption_timeout_ms,
+            cut.unheard,
+            cut.heard,
+        )
+        actions.append(
+            Audit(
+                "barge_in",
+                {
+                    "caller_speech_start_ms": started,
+                    "clear_sent_ms": now_ms,
+                    "latency_ms": now_ms - started,
+                    "heard": cut.heard,
+                    "unheard": " ".join(chunk.text for chunk in cut.unheard),
+                },
+            )
+        )
+        return actions
+
+    # ---- STT results -------------------------------------------------------------------
+
+    def stt_final(self, text: str, now_ms: float) -> list[Action]:
+        words, real = self._real_words(text)
+        if self._metrics is not None:
+            self._metrics["stt_final_ms"] = now_ms
+        interruption, self._interruption = self._interruption, None
+        if interruption is not None:
+            if not real:
+                reason = "backchannel" if words else "noise"
+                return [
+                    Audit("user_utterance_dropped", {"text": text, "reason": reason}),
+                    *self._resume(interruption, now_ms, reason),
+                ]
+            return [*self._commit_cut(interruption.heard), *self._user_turn(text, now_ms)]
+        if not words:
+            actions: list[Action] = [
+                Audit("user_utterance_dropped", {"text": text, "reason": "empty"})
+            ]
+            self._arm_no_input(now_ms)
+            return actions
+        if self._agent_audible() and not real:
+            return [Audit("user_utterance_dropped", {"text": text, "reason": "backchannel"})]
+        if self._agent_audible() or self.agent_busy:
+            # Real words too short to count as a barge-in while the agent spoke, or said while it
+            # was thinking: they still take the turn.
+            actions = []
+            if self._agent_audible():
+                actions.extend(self._barge_in(now_ms))
+                cut, self._interruption = self._interruption, None
+                assert cut is not None
+                actions.extend(self._commit_cut(cut.heard))
+            elif self.agent_busy:
+                actions.append(_CANCEL)
+                self.agent_busy = False
+                actions.extend(self._commit_cut({}))
+            return [*actions, *self._user_turn(text, now_ms)]
+        return self._user_turn(text, now_ms)
+
+    def _user_turn(self, text: str, now_ms: float) -> list[Action]:
+        self.agent_busy = True
+        self._no_input_deadline = None
+        if self._metrics is None:
+            self._metrics = {}
+        self._metrics["user_turn_ms"] = now_ms
+        return [StartUserTurn(text)]
+
+    def _commit_cut(self, heard: dict[int, str]) -> list[Action]:
+        """A real interruption: every reply not yet committed keeps only what was heard."""
+        actions: list[Action] = []
+        for reply_id in list(self._replies):
+            text = heard.get(reply_id, self.playback.heard_text(reply_id))
+            actions.append(CommitReply(reply_id, text or None))
+            self._forget(reply_id)
+        return actions
+
+    def _resume(self, interruption: _Interruption, now_ms: float, reason: str) -> list[Action]:
+        actions: list[Action] = [
+            Audit(
+                "false_interruption",
+                {"reason": reason, "resumed": " ".join(c.text for c in interruption.unheard)},
+            )
+        ]
+        if not self.config.interruption.resume_after_false_interruption:
+            actions.extend(self._commit_cut(interruption.heard))
+            return actions
+        for chunk in interruption.unheard:
+            actions.extend(self._send_chunk(chunk, now_ms))
+        for reply_id in list(self._replies):
+            actions.extend(self._maybe_commit(reply_id))
+        return actions
+
+    # ---- timers ------------------------------------------------------------------------
+
+    def tick(self, now_ms: float) -> list[Action]:
+        actions: list[Action] = []
+        interruption = self._interruption
+        if interruption is not None and now_ms >= interruption.deadline_ms:
+            _, real = self._real_words(self._partial)
+            if not real:
+                self._interruption = None
+                actions.extend(self._resume(interruption, now_ms, "no words"))
+            else:
+                # Words are coming: wait for the caller's turn to end.
+                interruption.deadline_ms = float("inf")
+        if self._no_input_deadline is not None and now_ms >= self._no_input_deadline:
+            self._no_input_deadline = None
+            actions.append(RaiseEvent("no-input"))
+        return actions
+
+    # ---- agent speech ------------------------------------------------------------------
+
+    def agent_turn_started(self, now_ms: float) -> None:
+        """The driver started a turn of the agent's own (call start, an event)."""
+        self.agent_busy = True
+        self._no_input_deadline = None
+
+    def agent_turn_done(self, now_ms: float) -> list[Action]:
+        self.agent_busy = False
+        self._arm_no_input(now_ms)
+        return []
+
+    def agent_text(self, reply_id: int, text: str, now_ms: float) -> list[Action]:
+        reply = self._replies.setdefault(reply_id, _Reply())
+        if reply.cancelled:
+            return []
+        if self._metrics is not None and "first_token_ms" not in self._metrics:
+            self._metrics["first_token_ms"] = now_ms
+        reply.generated += text
+        sentences = reply.splitter.push(text)
+        reply.synth_pending += len(sentences)
+        return [Synthesize(reply_id, sentence) for sentence in sentences]
+
+    def agent_reply_end(self, reply_id: int, now_ms: float) -> list[Action]:
+        reply = self._replies.setdefault(reply_id, _Reply())
+        if reply.cancelled:
+            return []
+        sentences = reply.splitter.flush()
+        reply.synth_pending += len(sentences)
+        reply.done = True
+        actions: list[Action] = [Synthesize(reply_id, sentence) for sentence in sentences]
+        actions.extend(self._maybe_commit(reply_id))
+        return actions
+
+    def tts_audio(
+        self,
+        reply_id: int,
+        text: str,
+        audio: bytes,
+        duration_ms: float,
+        now_ms: float,
+        *,
+        words: tuple[Word, ...] | None = None,
+        last: bool = True,
+    ) -> list[Action]:
+        """Audio for (part of) a Synthesize, already in the carrier's format."""
+        reply = self._replies.get(reply_id)
+        if reply is None or reply.cancelled:
+            return []
+        metrics = self._metrics
+        if metrics is not None and "first_tts_audio_ms" not in metrics:
+            metrics["first_tts_audio_ms"] = now_ms
+        if last:
+            reply.synth_pending -= 1
+        actions: list[Action] = []
+        if audio:
+            timed = words if words is not None else estimate_words(text, duration_ms)
+            chunk = Chunk(reply_id, text, timed, audio, duration_ms, "")
+            actions.extend(self._send_chunk(chunk, now_ms))
+        actions.extend(self._maybe_commit(reply_id))
+        return actions
+
+    def _send_chunk(self, chunk: Chunk, now_ms: float) -> list[Action]:
+        self._mark_seq += 1
+        chunk.mark = f"m{self._mark_seq}"
+        chunk.started_ms = None
+        self.playback.sent(chunk, now_ms)
+        actions: list[Action] = [SendAudio(chunk.audio), SendMark(chunk.mark)]
+        metrics = self._metrics
+        if metrics is not None and "first_audio_sent_ms" not in metrics:
+            metrics["first_audio_sent_ms"] = now_ms
+            actions.append(TurnMetrics(dict(metrics)))
+            self._metrics = None
+        return actions
+
+    def mark_played(self, name: str, now_ms: float) -> list[Action]:
+        actions: list[Action] = []
+        for reply_id in {chunk.reply_id for chunk in self.playback.played(name, now_ms)}:
+            actions.extend(self._maybe_commit(reply_id))
+        self._arm_no_input(now_ms)
+        return actions
+
+    def _maybe_commit(self, reply_id: int) -> list[Action]:
+        reply = self._replies.get(reply_id)
+        if reply is None or not reply.done or reply.synth_pending > 0:
+            return []
+        if reply_id in self.playback.pending_replies() or self._interruption is not None:
+            return []
+        heard = self.playback.heard_text(reply_id)
+        text = reply.generated.strip() if not reply.cancelled else heard
+        self._forget(reply_id)
+        return [CommitReply(reply_id, text or None)]
+
+    def _forget(self, reply_id: int) -> None:
+        self._replies.pop(reply_id, None)
+        self.playback.forget(reply_id)
+
+    def hang_up(self, now_ms: float) -> list[Action]:
+        """The caller is gone: what had played by now is what was heard."""
+        actions: list[Action] = []
+        if self.agent_busy:
+            actions.append(_CANCEL)
+            self.agent_busy = False
+        self._interruption = None
+        cut = self.playback.cut(now_ms)
+        for reply_id in list(self._replies):
+            text = cut.heard.get(reply_id, self.playback.heard_text(reply_id))
+            actions.append(CommitReply(reply_id, text or None))
+            self._forget(reply_id)
+        return actions

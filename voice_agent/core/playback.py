@@ -1,0 +1,132 @@
+"""What the caller has heard of the agent: audio chunks sent, marks played, words per chunk.
+
+A chunk is one synthesised sentence sent with a mark after it; the carrier echoes the mark when
+that audio has played. Inside the chunk that is playing, elapsed time maps to words through the
+TTS engine's word timings, or an estimate from the text and the chunk's duration.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+_WORD = re.compile(r"\S+")
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str
+    start_ms: float  # from the start of its chunk
+    end_ms: float
+
+
+def estimate_words(text: str, duration_ms: float) -> tuple[Word, ...]:
+    """Without engine timings: time shared in proportion to each word's length (plus a gap)."""
+    words = _WORD.findall(text)
+    if not words:
+        return ()
+    weights = [len(word) + 1 for word in words]
+    scale = duration_ms / sum(weights)
+    timed: list[Word] = []
+    position = 0.0
+    for word, weight in zip(words, weights, strict=True):
+        timed.append(Word(word, position, position + weight * scale))
+        position += weight * scale
+    return tuple(timed)
+
+
+@dataclass
+class Chunk:
+    reply_id: int
+    text: str
+    words: tuple[Word, ...]
+    audio: bytes  # as sent to the carrier, kept so unheard audio can be sent again
+    duration_ms: float
+    mark: str
+    started_ms: float | None = None  # when it began to play, once it has
+
+
+@dataclass
+class Cut:
+    """The state of playback at a barge-in."""
+
+    heard: dict[int, str]  # reply_id -> the words heard of it
+    unheard: list[Chunk]  # what was not heard, from the first unheard word, in order
+    position_ms: float  # how far into the playing chunk the caller got
+
+
+@dataclass
+class PlaybackTracker:
+    bytes_per_ms: float
+    sample_bytes: int = 1
+    queue: deque[Chunk] = field(default_factory=deque)
+    heard_words: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def playing(self) -> bool:
+        return bool(self.queue)
+
+    def sent(self, chunk: Chunk, now_ms: float) -> None:
+        if not self.queue:
+            chunk.started_ms = now_ms
+        self.queue.append(chunk)
+
+    def played(self, mark: str, now_ms: float) -> list[Chunk]:
+        """A mark came back: its chunk (and any before it) were heard in full."""
+        if not any(chunk.mark == mark for chunk in self.queue):
+            return []
+        done: list[Chunk] = []
+        while self.queue:
+            chunk = self.queue.popleft()
+            self.heard_words.setdefault(chunk.reply_id, []).extend(w.text for w in chunk.words)
+            done.append(chunk)
+            if chunk.mark == mark:
+                break
+        if self.queue:
+            self.queue[0].started_ms = now_ms
+        return done
+
+    def pending_replies(self) -> set[int]:
+        return {chunk.reply_id for chunk in self.queue}
+
+    def heard_text(self, reply_id: int) -> str:
+        return " ".join(self.heard_words.get(reply_id, ()))
+
+    def cut(self, now_ms: float) -> Cut:
+        """Barge-in: count the words of the playing chunk heard so far; the rest is unheard."""
+        unheard: list[Chunk] = []
+        position = 0.0
+        if self.queue:
+            head = self.queue[0]
+            position = max(
+                0.0, now_ms - (head.started_ms if head.started_ms is not None else now_ms)
+            )
+            # A word counts as heard once it has played to its end: "within one word".
+            done = [w for w in head.words if w.end_ms <= position]
+            rest = head.words[len(done) :]
+            self.heard_words.setdefault(head.reply_id, []).extend(w.text for w in done)
+            if rest:
+                offset = int(rest[0].start_ms * self.bytes_per_ms)
+                offset -= offset % self.sample_bytes
+                unheard.append(
+                    Chunk(
+                        head.reply_id,
+                        " ".join(w.text for w in rest),
+                        tuple(
+                            Word(w.text, w.start_ms - rest[0].start_ms, w.end_ms - rest[0].start_ms)
+                            for w in rest
+                        ),
+                        head.audio[offset:],
+                        max(0.0, head.duration_ms - rest[0].start_ms),
+                        head.mark,
+                    )
+                )
+            unheard.extend(list(self.queue)[1:])
+        replies = {chunk.reply_id for chunk in self.queue}
+        self.queue.clear()
+        heard = {reply_id: self.heard_text(reply_id) for reply_id in replies}
+        return Cut(heard, unheard, position)
+
+    def forget(self, reply_id: int) -> None:
+        self.heard_words.pop(reply_id, None)
