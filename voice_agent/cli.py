@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from voice_agent import __version__
 from voice_agent.errors import VoiceAgentError
@@ -46,6 +48,36 @@ async def _chat(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _call(args: argparse.Namespace) -> int:
+    from voice_agent.client import main_call
+
+    return await main_call(
+        args.url, Path(args.wav), Path(args.out) if args.out else None, args.agent
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from voice_agent.server.app import VoiceServer
+
+    logging.getLogger("websockets.server").setLevel(logging.WARNING)  # one line per HTTP request
+    registry = _registry(args)
+    server = VoiceServer(registry, host=args.host, port=args.port)
+    try:
+        await server.start()
+        agent = registry.default_agent
+        print(f"voice_agent {__version__} serving agent {agent!r} on {server.url}", flush=True)
+        print(f"  Twilio Media Streams: ws://{server.host}:{server.port}/twilio", flush=True)
+        print(f"  native WebSocket:     ws://{server.host}:{server.port}/ws", flush=True)
+        print(
+            f"  try it:  voice-agent call --wav caller.wav --url ws://{server.host}:{server.port}/ws",
+            flush=True,
+        )
+        await server.serve_until_signal()
+    finally:
+        await registry.aclose()
+    return 0
+
+
 async def _check(args: argparse.Namespace) -> int:
     registry = _registry(args)
     try:
@@ -78,6 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
     chat_parser.add_argument("--script", help="play user lines from this file and exit")
     chat_parser.set_defaults(run=_chat)
 
+    call_parser = commands.add_parser("call", help="play a WAV file to a running server")
+    call_parser.add_argument("--wav", required=True, help="the caller's audio (mono PCM16 WAV)")
+    call_parser.add_argument("--out", help="write the agent's audio, as heard, to this WAV")
+    call_parser.add_argument("--url", default="ws://127.0.0.1:8765/ws")
+    call_parser.add_argument("--agent", help="agent name (default: the server's default)")
+    call_parser.set_defaults(run=_call)
+
+    serve_parser = commands.add_parser("serve", help="run the voice server")
+    with_config(serve_parser)
+    serve_parser.add_argument("--host", default="127.0.0.1")
+    serve_parser.add_argument("--port", type=int, default=8765)
+    serve_parser.set_defaults(run=_serve)
+
     check_parser = commands.add_parser("check", help="validate a config and list its agents")
     with_config(check_parser)
     check_parser.set_defaults(run=_check)
@@ -86,11 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # not on every platform; the stdlib loop works, a little slower
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         if hasattr(args, "run"):
-            return int(asyncio.run(args.run(args)))
+            return int(_run(args.run(args)))
         return int(args.func(args))
     except VoiceAgentError as exc:
         # One line, so scripts and log collectors see one error.

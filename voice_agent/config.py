@@ -122,6 +122,56 @@ class FlowConfig(_Strict):
 ContextOnTransfer = Literal["all", "none"] | Annotated[int, Field(ge=0)]
 
 
+class VadSettings(_Strict):
+    provider: Literal["webrtcvad", "silero"] = "webrtcvad"
+    aggressiveness: int = Field(default=2, ge=0, le=3)  # webrtcvad
+    threshold: float = Field(default=0.5, gt=0, lt=1)  # silero
+
+
+class SttSettings(_Strict):
+    provider: Literal["pocketsphinx", "openai"] = "pocketsphinx"
+    language_model: Literal["domain", "full"] = "domain"
+    phrases: list[str] = Field(default_factory=list)
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+
+
+class TtsSettings(_Strict):
+    provider: Literal["espeak", "piper", "openai"] = "espeak"
+    voice: str | None = None
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    speed: float = Field(default=1.0, gt=0.2, lt=4)
+
+
+class TurnSettings(_Strict):
+    min_speech_ms: int = Field(default=100, ge=20)
+    end_of_turn_silence_ms: int = Field(default=600, ge=100)
+    pre_roll_ms: int = Field(default=300, ge=0)
+
+
+class InterruptionSettings(_Strict):
+    min_interruption_ms: int = Field(default=400, ge=20)
+    min_interruption_words: int = Field(default=0, ge=0)
+    false_interruption_timeout_ms: int = Field(default=1500, ge=100)
+    backchannels: list[str] = Field(
+        default_factory=lambda: ["uh-huh", "uh huh", "mm-hmm", "mhm", "yeah", "yep", "okay", "ok"]
+    )
+    resume_after_false_interruption: bool = True
+
+
+class VoiceSettings(_Strict):
+    """Engines and turn-taking for voice calls; an agent may replace any section."""
+
+    vad: VadSettings = VadSettings()
+    stt: SttSettings = SttSettings()
+    tts: TtsSettings = TtsSettings()
+    turn: TurnSettings = TurnSettings()
+    interruption: InterruptionSettings = InterruptionSettings()
+
+
 class AgentConfig(_Strict):
     brain: Literal["playbook", "flow"] = "playbook"
     description: str = ""
@@ -141,6 +191,21 @@ class AgentConfig(_Strict):
     flow: FlowConfig | None = None
     no_input_timeout_s: float = Field(default=8.0, gt=0)
     max_steps_per_turn: int = Field(default=8, ge=1)
+    # Each replaces the config-wide `voice:` section of the same name for this agent.
+    vad: VadSettings | None = None
+    stt: SttSettings | None = None
+    tts: TtsSettings | None = None
+    turn: TurnSettings | None = None
+    interruption: InterruptionSettings | None = None
+
+    def voice(self, defaults: VoiceSettings) -> VoiceSettings:
+        return VoiceSettings(
+            vad=self.vad or defaults.vad,
+            stt=self.stt or defaults.stt,
+            tts=self.tts or defaults.tts,
+            turn=self.turn or defaults.turn,
+            interruption=self.interruption or defaults.interruption,
+        )
 
     @model_validator(mode="after")
     def _brain_needs(self) -> AgentConfig:
@@ -157,6 +222,7 @@ class AgentConfig(_Strict):
 class Config(_Strict):
     default_agent: str
     agents: dict[str, AgentConfig]
+    voice: VoiceSettings = VoiceSettings()
 
 
 def _check_references(config: Config, file: str) -> None:

@@ -1,0 +1,426 @@
+"""TTS engines: eSpeak NG and Piper for real, and the openai engine against a local server that
+speaks the real speech endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import re
+import wave
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from voice_agent.engines.tts import TtsChunk, TtsConfig, TtsError, make_tts
+from voice_agent.engines.tts.base import Tts
+from voice_agent.engines.tts.espeak import EspeakTts
+from voice_agent.engines.tts.openai import OpenAITts
+from voice_agent.engines.tts.piper import PiperTts
+from voice_agent.errors import ConfigError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "audio"
+SENTENCE = "Your table for two is booked for tomorrow at seven in the evening."
+TWO_SENTENCES = "Sure, I can help with that. What name should I put the booking under?"
+THREE_SENTENCES = "Thank you for calling. Your booking is confirmed. Have a lovely evening."
+
+
+async def collect(stream: AsyncIterator[TtsChunk]) -> list[TtsChunk]:
+    return [chunk async for chunk in stream]
+
+
+def stream(tts: Tts, text: str) -> AsyncGenerator[TtsChunk, None]:
+    """`tts.synthesize(text)`, which every engine makes an async generator so it can be closed."""
+    chunks = tts.synthesize(text)
+    assert isinstance(chunks, AsyncGenerator)
+    return chunks
+
+
+def samples(chunks: list[TtsChunk]) -> np.ndarray:
+    return np.frombuffer(b"".join(c.pcm for c in chunks), dtype="<i2").astype(np.float64)
+
+
+def rms(pcm: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(pcm**2))) if pcm.size else 0.0
+
+
+def text_words(text: str) -> list[str]:
+    return [w.strip("\"'`()[]{}<>.,;:!?…“”‘’«»—–-") for w in text.split()]
+
+
+class RecordingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """A one-thread executor that counts the tasks it has finished."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.finished = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        def run() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.finished += 1
+
+        return super().submit(run)
+
+
+@pytest.fixture
+async def espeak() -> AsyncIterator[Tts]:
+    tts = make_tts(TtsConfig(provider="espeak"))
+    yield tts
+    await tts.aclose()
+
+
+@pytest.fixture
+async def piper() -> AsyncIterator[Tts]:
+    tts = make_tts(TtsConfig(provider="piper"))
+    yield tts
+    await tts.aclose()
+
+
+@pytest.fixture(params=["espeak", "piper"])
+async def embedded(request: pytest.FixtureRequest) -> AsyncIterator[Tts]:
+    tts = make_tts(TtsConfig(provider=request.param))
+    yield tts
+    await tts.aclose()
+
+
+# --- both embedded engines ---------------------------------------------------------------------
+
+
+async def test_embedded_engine_speaks_a_sentence(embedded: Tts) -> None:
+    chunks = await collect(embedded.synthesize(SENTENCE))
+    pcm = samples(chunks)
+    seconds = pcm.size / embedded.sample_rate
+    # 13 words at a conversational 2 to 4 words a second, plus pauses.
+    assert 2.5 < seconds < 8.0
+    assert rms(pcm) > 500  # speech, not near-silence
+    assert all(len(c.pcm) % 2 == 0 for c in chunks)
+
+
+async def test_embedded_engine_streams_a_multi_sentence_text(embedded: Tts) -> None:
+    chunks = await collect(embedded.synthesize(THREE_SENTENCES))
+    assert len(chunks) >= 3
+    assert all(c.pcm for c in chunks)
+
+
+async def test_piper_sends_the_first_sentence_before_synthesizing_the_rest() -> None:
+    executor = RecordingExecutor()
+    tts = PiperTts(TtsConfig(provider="piper"), executor=executor)
+    await tts.load()
+    loaded = executor.finished
+    chunks = tts.synthesize(THREE_SENTENCES)
+    first = await anext(chunks)
+    # One executor task per sentence: only the first has run when its audio arrives.
+    assert first.pcm and executor.finished == loaded + 1
+    rest = await collect(chunks)
+    assert len(rest) == 2
+    assert executor.finished == loaded + 4  # three sentences, then the end of the generator
+    executor.shutdown()
+
+
+async def test_piper_has_no_word_timings(piper: Tts) -> None:
+    assert piper.gives_word_timings is False
+    assert piper.sample_rate == 22050
+    chunks = await collect(piper.synthesize("Hello there."))
+    assert all(c.words == () for c in chunks)
+
+
+async def test_closing_the_stream_early_leaves_the_engine_usable(embedded: Tts) -> None:
+    abandoned = stream(embedded, THREE_SENTENCES)
+    first = await anext(abandoned)
+    assert first.pcm
+    await abandoned.aclose()
+    pcm = samples(await collect(embedded.synthesize(TWO_SENTENCES)))
+    assert 2.5 < pcm.size / embedded.sample_rate < 9.0
+    assert rms(pcm) > 500
+
+
+async def test_cancelling_the_consuming_task_leaves_the_engine_usable(embedded: Tts) -> None:
+    got_one = asyncio.Event()
+
+    async def consume() -> None:
+        async for _chunk in embedded.synthesize(THREE_SENTENCES):
+            got_one.set()
+            await asyncio.Event().wait()  # a caller who never asks for more
+
+    task = asyncio.create_task(consume())
+    await got_one.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    chunks = await collect(embedded.synthesize("Are you still there?"))
+    assert rms(samples(chunks)) > 500
+
+
+async def test_two_concurrent_syntheses_both_complete(embedded: Tts) -> None:
+    first, second = await asyncio.gather(
+        collect(embedded.synthesize(TWO_SENTENCES)), collect(embedded.synthesize(SENTENCE))
+    )
+    for chunks, low, high in ((first, 2.5, 9.0), (second, 2.5, 8.0)):
+        pcm = samples(chunks)
+        assert low < pcm.size / embedded.sample_rate < high
+        assert rms(pcm) > 500
+
+
+async def test_empty_text_gives_no_audio(embedded: Tts) -> None:
+    assert await collect(embedded.synthesize("  \n")) == []
+
+
+# --- eSpeak NG -----------------------------------------------------------------------------------
+
+
+async def test_espeak_word_timings_follow_the_text_and_the_audio(espeak: Tts) -> None:
+    assert espeak.gives_word_timings is True
+    assert espeak.sample_rate == 22050
+    text = 'Hello there, my friend! It is 7:30 pm; "Café" opens (again) at 8.'
+    chunks = await collect(espeak.synthesize(text))
+    words = [w for c in chunks for w in c.words]
+    assert [w.word for w in words] == text_words(text)
+    for word, after in itertools.pairwise(words):
+        assert word.start_ms <= after.start_ms
+        assert word.end_ms <= after.start_ms
+    assert all(w.start_ms < w.end_ms for w in words)
+    duration_ms = samples(chunks).size * 1000 / espeak.sample_rate
+    assert words[-1].end_ms <= duration_ms
+    # Each chunk carries exactly the words that start inside its audio.
+    offset_ms = 0.0
+    for chunk in chunks:
+        length_ms = len(chunk.pcm) / 2 * 1000 / espeak.sample_rate
+        for word in chunk.words:
+            assert offset_ms - 1 <= word.start_ms < offset_ms + length_ms + 1
+        offset_ms += length_ms
+
+
+async def test_espeak_word_timings_restart_for_each_utterance(espeak: Tts) -> None:
+    await collect(espeak.synthesize(TWO_SENTENCES))
+    chunks = await collect(espeak.synthesize("Goodbye now."))
+    words = [w for c in chunks for w in c.words]
+    assert [w.word for w in words] == ["Goodbye", "now"]
+    assert words[0].start_ms < 50
+
+
+async def test_espeak_word_is_silent_between_its_end_and_the_next_word(espeak: Tts) -> None:
+    chunks = await collect(espeak.synthesize("Yes. No."))
+    pcm = samples(chunks)
+    yes, no = (w for c in chunks for w in c.words)
+    gap = pcm[int(yes.end_ms * 22.05) + 50 : int(no.start_ms * 22.05) - 50]
+    assert gap.size > 0.1 * 22050  # the sentence pause is outside both words
+    assert rms(gap) < 50
+
+
+async def test_espeak_concurrent_syntheses_do_not_mix(espeak: Tts) -> None:
+    # The library's output drifts a little between calls (its pitch flutter runs on), so compare
+    # words and lengths rather than bytes: a mix-up of two jobs would show in both.
+    texts = (TWO_SENTENCES, SENTENCE, TWO_SENTENCES)
+    together = await asyncio.gather(*(collect(espeak.synthesize(t)) for t in texts))
+    for text, chunks in zip(texts, together, strict=True):
+        solo = await collect(espeak.synthesize(text))
+        assert [w.word for c in chunks for w in c.words] == text_words(text)
+        assert abs(samples(chunks).size - samples(solo).size) < 0.05 * samples(solo).size
+
+
+async def test_espeak_voice_and_speed() -> None:
+    normal = EspeakTts(TtsConfig(voice="en-us"))
+    fast = EspeakTts(TtsConfig(voice="en-us", speed=2.0))
+    female = EspeakTts(TtsConfig(voice="en-us+f3"))
+    assert (fast.wpm, normal.wpm) == (350, 175)
+    base = samples(await collect(normal.synthesize(SENTENCE)))
+    quick = samples(await collect(fast.synthesize(SENTENCE)))
+    other = samples(await collect(female.synthesize(SENTENCE)))
+    assert quick.size < 0.7 * base.size
+    assert other.size != base.size or not np.array_equal(other, base)
+
+
+async def test_espeak_runs_on_a_given_executor() -> None:
+    executor = RecordingExecutor()
+    tts = make_tts(TtsConfig(provider="espeak"), executor=executor)
+    chunks = await collect(tts.synthesize("Hello."))
+    assert chunks and executor.finished == 1
+    executor.shutdown()
+
+
+def test_espeak_rejects_an_unknown_voice_and_a_bad_speed() -> None:
+    with pytest.raises(ConfigError, match="no voice"):
+        make_tts(TtsConfig(provider="espeak", voice="xx-nonexistent"))
+    with pytest.raises(ConfigError, match="speed"):
+        make_tts(TtsConfig(provider="espeak", speed=0))
+
+
+def test_make_tts_builds_the_named_engine(tmp_path: Path) -> None:
+    assert isinstance(make_tts(TtsConfig()), EspeakTts)
+    assert isinstance(make_tts(TtsConfig(provider="piper")), PiperTts)
+    with pytest.raises(ConfigError, match="does not exist"):
+        make_tts(TtsConfig(provider="piper", voice=str(tmp_path / "missing.onnx")))
+
+
+# --- openai, against a local speech endpoint -------------------------------------------------
+
+
+class SpeechServer:
+    """`POST /v1/audio/speech` as OpenAI serves it: a JSON body in, chunked PCM16 out.
+
+    After the first piece the server waits for `hold` (when set) before sending the rest.
+    """
+
+    def __init__(self, pieces: list[bytes], *, status: int | None = None) -> None:
+        self.pieces = pieces
+        self.status = status
+        self.hold: asyncio.Event | None = None
+        self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append((dict(request.headers), await request.json()))
+        if self.status is not None:
+            error = {"message": "voice not available", "type": "invalid_request_error"}
+            return web.json_response({"error": error}, status=self.status)
+        response = web.StreamResponse(headers={"Content-Type": "audio/pcm"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for index, piece in enumerate(self.pieces):
+            await response.write(piece)
+            if index == 0 and self.hold is not None:
+                await self.hold.wait()
+        await response.write_eof()
+        return response
+
+    async def __aenter__(self) -> SpeechServer:
+        app = web.Application()
+        app.router.add_post("/v1/audio/speech", self._speech)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.base_url = f"http://{host}:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+def pcm_ramp(count: int) -> bytes:
+    return (np.arange(count, dtype="<i2") * 7).tobytes()
+
+
+async def test_openai_streams_pcm_from_the_speech_endpoint() -> None:
+    audio = pcm_ramp(6000)
+    # Odd-sized pieces: the engine must realign them to whole samples.
+    pieces = [audio[:1001], audio[1001:5001], audio[5001:]]
+    async with SpeechServer(pieces) as server:
+        server.hold = asyncio.Event()
+        tts = make_tts(
+            TtsConfig(
+                provider="openai",
+                base_url=server.base_url,
+                api_key="sk-test",
+                model="tts-1",
+                voice="nova",
+                speed=1.25,
+            )
+        )
+        assert tts.sample_rate == 24000 and tts.gives_word_timings is False
+        chunks = tts.synthesize("Your table is booked.")
+        first = await asyncio.wait_for(anext(chunks), timeout=10)
+        # The server has not sent the rest yet: this chunk came while the body was streaming.
+        assert first.pcm == audio[:1000]
+        server.hold.set()
+        rest = await collect(chunks)
+        await tts.aclose()
+    assert first.pcm + b"".join(c.pcm for c in rest) == audio
+    assert all(len(c.pcm) % 2 == 0 and c.words == () for c in rest)
+    headers, body = server.requests[0]
+    assert headers["Authorization"] == "Bearer sk-test"
+    assert body == {
+        "model": "tts-1",
+        "voice": "nova",
+        "input": "Your table is booked.",
+        "response_format": "pcm",
+        "speed": 1.25,
+    }
+
+
+async def test_openai_falls_back_to_the_sdk_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with SpeechServer([pcm_ramp(100)]) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+        tts = make_tts(TtsConfig(provider="openai"))
+        chunks = await collect(tts.synthesize("Hi."))
+        await tts.aclose()
+        monkeypatch.delenv("OPENAI_API_KEY")
+        keyless = make_tts(TtsConfig(provider="openai"))
+        await collect(keyless.synthesize("Hi."))
+        await keyless.aclose()
+    assert b"".join(c.pcm for c in chunks) == pcm_ramp(100)
+    (first_headers, body), (second_headers, _) = server.requests
+    assert first_headers["Authorization"] == "Bearer sk-from-env"
+    assert second_headers["Authorization"].startswith("Bearer ")  # a placeholder, not nothing
+    assert body["model"] == "gpt-4o-mini-tts" and body["voice"] == "alloy"
+    assert "speed" not in body
+
+
+async def test_openai_error_becomes_tts_error() -> None:
+    async with SpeechServer([], status=400) as server:
+        tts = make_tts(TtsConfig(provider="openai", base_url=server.base_url))
+        with pytest.raises(TtsError, match="HTTP 400") as caught:
+            await collect(tts.synthesize("Hi."))
+        await tts.aclose()
+    assert caught.value.status == 400
+
+
+async def test_openai_closing_early_leaves_the_engine_usable() -> None:
+    audio = pcm_ramp(4000)
+    async with SpeechServer([audio[:2000], audio[2000:]]) as server:
+        server.hold = asyncio.Event()
+        tts = make_tts(TtsConfig(provider="openai", base_url=server.base_url))
+        abandoned = stream(tts, "First.")
+        await asyncio.wait_for(anext(abandoned), timeout=10)
+        await abandoned.aclose()
+        server.hold.set()  # lets the abandoned response finish, so the server can shut down
+        chunks = await collect(tts.synthesize("Second."))
+        await tts.aclose()
+    assert b"".join(c.pcm for c in chunks) == audio
+    assert isinstance(tts, OpenAITts)
+
+
+def test_openai_needs_a_key_or_a_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ConfigError, match="API key"):
+        make_tts(TtsConfig(provider="openai"))
+
+
+# --- the committed audio fixtures --------------------------------------------------------------
+
+
+def test_audio_fixtures_are_listed_and_readable() -> None:
+    readme = (FIXTURES / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([\w.-]+)\.wav` `\1\.ulaw` \|", readme, flags=re.MULTILINE)
+    listed = {f"{name}{suffix}" for name in rows for suffix in (".wav", ".ulaw")}
+    files = {p.name for p in FIXTURES.iterdir() if p.suffix in (".wav", ".ulaw")}
+    assert files and files == listed
+    for name in files:
+        path = FIXTURES / name
+        if path.suffix == ".wav":
+            with wave.open(str(path)) as wav:
+                assert (wav.getframerate(), wav.getsampwidth(), wav.getnchannels()) == (16000, 2, 1)
+                seconds = wav.getnframes() / 16000
+            ulaw = path.with_suffix(".ulaw")
+            # Every 16 kHz file has its 8 kHz mu-law twin: one byte per sample, half the rate.
+            assert abs(ulaw.stat().st_size - seconds * 8000) <= 2
+    manifest = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))
+    entries = {entry["name"]: entry for entry in manifest["files"]}
+    assert {f"{name}.wav" for name in entries} == {n for n in files if n.endswith(".wav")}
+    for voice in manifest["conversations"].values():
+        for steps in voice.values():
+            assert all(step.startswith("/") or step in entries for step in steps)
+    assert sum(p.stat().st_size for p in FIXTURES.iterdir()) < 5 * 1024 * 1024

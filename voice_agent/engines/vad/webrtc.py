@@ -1,0 +1,38 @@
+"""Voice activity detection with the WebRTC GMM detector (py-webrtcvad) on 20 ms frames."""
+
+from __future__ import annotations
+
+import webrtcvad
+
+__all__ = ["WebRtcVad"]
+
+_RATES = (8000, 16000, 32000, 48000)
+
+
+class WebRtcVad:
+    """WebRTC VAD for one call. Cheap: ~1 KB of state, created in microseconds."""
+
+    frame_ms = 20
+
+    def __init__(self, aggressiveness: int = 2, sample_rate: int = 16000) -> None:
+        if aggressiveness not in (0, 1, 2, 3):
+            raise ValueError(f"webrtcvad aggressiveness must be 0-3, got {aggressiveness!r}")
+        if sample_rate not in _RATES:
+            raise ValueError(f"webrtcvad supports {_RATES} Hz, got {sample_rate}")
+        self.sample_rate = sample_rate
+        self.aggressiveness = aggressiveness
+        self._samples = sample_rate * self.frame_ms // 1000
+        self._bytes = 2 * self._samples
+        self._vad = webrtcvad.Vad(aggressiveness)
+
+    def is_speech(self, frame: bytes) -> bool:
+        if len(frame) != self._bytes:
+            raise ValueError(
+                f"webrtcvad at {self.sample_rate} Hz needs {self.frame_ms} ms frames of "
+                f"{self._bytes} bytes, got {len(frame)} bytes"
+            )
+        return bool(self._vad.is_speech(frame, self.sample_rate, self._samples))
+
+    def reset(self) -> None:
+        # The detector adapts its noise model as it goes; a new call must start from scratch.
+        self._vad = webrtcvad.Vad(self.aggressiveness)

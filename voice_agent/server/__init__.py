@@ -1,0 +1,1 @@
+"""The voice server: HTTP and WebSocket on one port, a pipeline per call, the call records."""

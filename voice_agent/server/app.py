@@ -1,0 +1,238 @@
+"""The voice server: one asyncio process, HTTP and WebSocket on one port (the `websockets` server).
+
+HTTP: /healthz, /calls, /calls/{id}. WebSocket: /twilio (Twilio Media Streams) and /ws (native).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from voice_agent import __version__
+from voice_agent.audio.codec import CarrierFormat
+from voice_agent.config import SttSettings, TtsSettings, VadSettings
+from voice_agent.engines.stt import SttConfig, make_stt
+from voice_agent.engines.tts import TtsConfig, make_tts
+from voice_agent.engines.vad import VadConfig, make_vad
+from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
+from voice_agent.runtime.session import CallSession
+from voice_agent.server.calls import CallRecord, CallStore, MemoryCallStore
+from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
+from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
+from voice_agent.transports import native, twilio
+
+log = logging.getLogger("voice_agent.server")
+
+
+def _json(status: http.HTTPStatus, body: Any) -> Response:
+    data = json.dumps(body, ensure_ascii=False, default=str).encode()
+    headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return Response(status.value, status.phrase, headers, data)
+
+
+class VoiceServer:
+    def __init__(
+        self,
+        registry: AgentRegistry,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        store: CallStore | None = None,
+    ) -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self.store: CallStore = store if store is not None else MemoryCallStore()
+        self.pipelines: dict[str, CallPipeline] = {}
+        self._engines: dict[str, Engines] = {}
+        self._shared_stt: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._shared_tts: dict[str, Any] = {}
+        self._server: Server | None = None
+        self._closing = False
+
+    # ---- engines -------------------------------------------------------------------------
+
+    def _phrases(self, agent: CompiledAgent) -> tuple[str, ...]:
+        """What callers are expected to say, for the STT's domain language model."""
+        agents = [agent] if agent.matcher is not None else list(self.registry.agents.values())
+        phrases = [
+            phrase
+            for candidate in agents
+            if candidate.matcher is not None
+            for intent in candidate.matcher.intents
+            for phrase in intent.phrases
+        ]
+        return tuple(dict.fromkeys(phrases))
+
+    def engines(self, agent: CompiledAgent) -> Engines:
+        """Built once per agent; agents with the same settings share STT and TTS engines."""
+        if agent.name in self._engines:
+            return self._engines[agent.name]
+        voice = agent.config.voice(self.registry.loaded.config.voice)
+        stt_settings: SttSettings = voice.stt
+        phrases = self._phrases(agent) if stt_settings.language_model == "domain" else ()
+        stt_key = (stt_settings.model_dump_json(), phrases)
+        if stt_key not in self._shared_stt:
+            self._shared_stt[stt_key] = make_stt(
+                SttConfig(
+                    provider=stt_settings.provider,
+                    language_model=stt_settings.language_model,
+                    phrases=tuple(stt_settings.phrases),
+                    model=stt_settings.model,
+                    base_url=stt_settings.base_url,
+                    api_key=stt_settings.api_key,
+                ),
+                phrases=phrases,
+            )
+        tts_settings: TtsSettings = voice.tts
+        tts_key = tts_settings.model_dump_json()
+        if tts_key not in self._shared_tts:
+            self._shared_tts[tts_key] = make_tts(
+                TtsConfig(
+                    provider=tts_settings.provider,
+                    voice=tts_settings.voice,
+                    model=tts_settings.model,
+                    base_url=tts_settings.base_url,
+                    api_key=tts_settings.api_key,
+                    speed=tts_settings.speed,
+                )
+            )
+        vad_settings: VadSettings = voice.vad
+        vad_config = VadConfig(
+            provider=vad_settings.provider,
+            aggressiveness=vad_settings.aggressiveness,
+            threshold=vad_settings.threshold,
+        )
+        engines = Engines(
+            make_vad=lambda: make_vad(vad_config, 16000),
+            stt=self._shared_stt[stt_key],
+            tts=self._shared_tts[tts_key],
+        )
+        self._engines[agent.name] = engines
+        return engines
+
+    # ---- calls ---------------------------------------------------------------------------
+
+    async def start_call(
+        self,
+        *,
+        transport: str,
+        agent: str | None,
+        args: dict[str, Any],
+        call_id: str | None,
+        carrier: CarrierFormat,
+        out: Outbound,
+    ) -> CallPipeline:
+        session = CallSession(
+            self.registry, agent=agent, args=args, call_id=call_id, auto_commit=False
+        )
+        record = CallRecord(session, transport)
+        voice = session.agent.config.voice(self.registry.loaded.config.voice)
+        pipeline = CallPipeline(
+            session,
+            record,
+            self.engines(session.agent),
+            voice,
+            carrier,
+            out,
+            on_end=self._call_ended,
+        )
+        self.store.add(record)
+        self.pipelines[session.call_id] = pipeline
+        log.info(
+            "call %s started on %s with agent %s", session.call_id, transport, session.agent.name
+        )
+        return pipeline
+
+    def _call_ended(self, pipeline: CallPipeline, reason: str) -> None:
+        call_id = pipeline.session.call_id
+        self.pipelines.pop(call_id, None)
+        self.store.ended(call_id, reason)
+        log.info("call %s ended: %s", call_id, reason)
+
+    # ---- HTTP and WebSocket --------------------------------------------------------------
+
+    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path in ("/twilio", "/ws"):
+            if self._closing:
+                return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
+            return None  # the WebSocket handshake goes on
+        if path == "/healthz":
+            return _json(
+                http.HTTPStatus.OK,
+                {"status": "ok", "version": __version__, "live_calls": self.store.live_count()},
+            )
+        if path == "/calls":
+            return _json(http.HTTPStatus.OK, [r.summary() for r in self.store.recent()])
+        if path.startswith("/calls/"):
+            record = self.store.get(path[len("/calls/") :])
+            if record is None:
+                return _json(http.HTTPStatus.NOT_FOUND, {"error": "no such call"})
+            return _json(http.HTTPStatus.OK, record.as_json())
+        return _json(http.HTTPStatus.NOT_FOUND, {"error": f"nothing at {path}"})
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        path = ws.request.path.split("?", 1)[0] if ws.request else ""
+        if path == "/twilio":
+            await twilio_endpoint(ws, self.start_call)
+        else:
+            await native_endpoint(ws, self.start_call)
+
+    async def start(self) -> None:
+        for agent in self.registry.agents.values():
+            self.engines(agent)
+        self._server = await serve(
+            self._handler,
+            self.host,
+            self.port,
+            process_request=self.process_request,
+            max_size=max(twilio.WEBSOCKET_MAX_SIZE, native.WEBSOCKET_MAX_SIZE),
+            compression=None,
+        )
+        sockets = list(self._server.sockets)
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def shutdown(self, deadline_s: float = 10.0) -> None:
+        """Stop accepting calls, let live ones finish until the deadline, then end them."""
+        self._closing = True
+        if self._server is None:
+            return
+        self._server.close(close_connections=False)
+        pipelines = list(self.pipelines.values())
+        if pipelines:
+            waiters = [asyncio.ensure_future(p.finished.wait()) for p in pipelines]
+            _, pending = await asyncio.wait(waiters, timeout=deadline_s)
+            for waiter in pending:
+                waiter.cancel()
+            for pipeline in list(self.pipelines.values()):
+                pipeline.out.close(1001, "server shutting down")
+                await pipeline.hang_up("server shutting down")
+        await self._server.wait_closed()
+        for engine in {*self._shared_tts.values(), *self._shared_stt.values()}:
+            await engine.aclose()
+
+    async def serve_until_signal(
+        self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)
+    ) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in signals:
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down: waiting for %d live call(s)", len(self.pipelines))
+        await self.shutdown()

@@ -1,0 +1,376 @@
+"""The driver of one voice call: runs the call core's actions with real engines and a transport.
+
+Everything that decides lives in the sans-I/O core and the runtime; this module only moves
+audio and text between them: carrier audio -> PCM16 16 kHz frames -> VAD -> core; core actions
+-> STT, agent turns, TTS and the transport, each on its own task so nothing blocks a frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from voice_agent.audio.codec import CarrierFormat
+from voice_agent.audio.frames import Framer
+from voice_agent.audio.resample import StreamResampler, resample
+from voice_agent.config import VoiceSettings
+from voice_agent.core import call as core
+from voice_agent.core.playback import Word
+from voice_agent.core.turns import TurnConfig
+from voice_agent.engines.stt import Stt, SttStream
+from voice_agent.engines.tts import Tts
+from voice_agent.engines.vad import Vad
+from voice_agent.runtime.audit import AuditEvent
+from voice_agent.runtime.session import (
+    AgentEvent,
+    AgentSpeech,
+    AgentSpeechEnd,
+    CallEnd,
+    CallSession,
+)
+from voice_agent.server.calls import CallRecord
+
+log = logging.getLogger("voice_agent.call")
+
+CORE_RATE = 16000
+CORE_FRAME_BYTES = 640  # 20 ms of PCM16 at 16 kHz
+
+
+class Outbound(Protocol):
+    """What a transport does for the pipeline; calls queue and return at once."""
+
+    def audio(self, data: bytes) -> None: ...
+    def mark(self, name: str) -> None: ...
+    def clear(self) -> None: ...
+    def event(self, payload: dict[str, Any]) -> None: ...
+    def close(self, code: int, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Engines:
+    """One agent's engines, shared by its calls (a VAD is made per call: it has state)."""
+
+    make_vad: Callable[[], Vad]
+    stt: Stt
+    tts: Tts
+
+
+def core_config(voice: VoiceSettings, no_input_timeout_s: float) -> core.CoreConfig:
+    return core.CoreConfig(
+        turn=TurnConfig(
+            min_speech_ms=voice.turn.min_speech_ms,
+            end_of_turn_silence_ms=voice.turn.end_of_turn_silence_ms,
+            pre_roll_ms=voice.turn.pre_roll_ms,
+        ),
+        interruption=core.InterruptionConfig(
+            min_interruption_ms=voice.interruption.min_interruption_ms,
+            min_interruption_words=voice.interruption.min_interruption_words,
+            false_interruption_timeout_ms=voice.interruption.false_interruption_timeout_ms,
+            backchannels=tuple(voice.interruption.backchannels),
+            resume_after_false_interruption=voice.interruption.resume_after_false_interruption,
+        ),
+        no_input_timeout_ms=int(no_input_timeout_s * 1000),
+    )
+
+
+class CallPipeline:
+    def __init__(
+        self,
+        session: CallSession,
+        record: CallRecord,
+        engines: Engines,
+        voice: VoiceSettings,
+        carrier: CarrierFormat,
+        out: Outbound,
+        *,
+        on_end: Callable[[CallPipeline, str], None] | None = None,
+    ) -> None:
+        self.session = session
+        self.record = record
+        self.engines = engines
+        self.carrier = carrier
+        self.out = out
+        self._on_end = on_end
+        self.core = core.CallCore(
+            core_config(voice, session.agent.config.no_input_timeout_s),
+            bytes_per_ms=carrier.bytes_per_ms,
+            sample_bytes=carrier.sample_bytes,
+        )
+        self.vad = engines.make_vad()
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        self._inbound = StreamResampler(carrier.sample_rate, CORE_RATE)
+        self._framer = Framer(CORE_FRAME_BYTES)
+        self._stt: SttStream | None = None
+        self._turn: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._synth_queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        self._synth_task = self._spawn(self._synthesize_forever())
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._pending_events: list[tuple[str, dict[str, Any]]] = []
+        self._ending: str | None = None
+        self.ended = False
+        self.finished = asyncio.Event()
+        session.audit.subscribe(self._on_audit)
+
+    # ---- clock and tasks ---------------------------------------------------------------
+
+    def now_ms(self) -> float:
+        return (self._loop.time() - self._t0) * 1000
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            log.error("call %s: %s", self.session.call_id, error, exc_info=error)
+            self.session.audit.add(
+                "error", where="pipeline", message=f"{type(error).__name__}: {error}"
+            )
+
+    # ---- inputs from the transport -------------------------------------------------------
+
+    async def start(self) -> None:
+        self.core.agent_turn_started(self.now_ms())
+        self._run_turn(self.session.start())
+
+    def audio(self, payload: bytes) -> None:
+        """Carrier audio, any length: framed into 20 ms at 16 kHz for VAD and the core."""
+        if self.ended:
+            return
+        pcm = self._inbound.process(self.carrier.decode(payload))
+        for frame in self._framer.push(pcm):
+            is_speech = self.vad.is_speech(frame)
+            partial = self._stt.partial() if self._stt is not None else ""
+            actions = self.core.audio_frame(frame, is_speech, partial, self.now_ms())
+            if actions:
+                self._apply(actions)
+
+    def mark(self, name: str) -> None:
+        self._apply(self.core.mark_played(name, self.now_ms()))
+        self._maybe_finish()
+
+    def dtmf(self, digit: str) -> None:
+        self._queue_event("dtmf", {"digit": digit})
+
+    async def hang_up(self, reason: str) -> None:
+        """The caller is gone (or the server ends the call): commit what was heard, stop."""
+        if self.ended:
+            return
+        self.ended = True
+        self._apply(self.core.hang_up(self.now_ms()))
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._stt is not None:
+            self._stt.cancel()
+        me = asyncio.current_task()
+        others = [task for task in self._tasks if task is not me]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        await self.session.end(reason)
+        if self._on_end is not None:
+            self._on_end(self, reason)
+        self.finished.set()
+
+    # ---- the core's actions ------------------------------------------------------------
+
+    def _apply(self, actions: list[core.Action]) -> None:
+        for action in actions:
+            if isinstance(action, core.FeedStt):
+                if self._stt is not None:
+                    self._stt.push(action.frame)
+            elif isinstance(action, core.SendAudio):
+                self.out.audio(action.audio)
+            elif isinstance(action, core.SendMark):
+                self.out.mark(action.name)
+            elif isinstance(action, core.StartStt):
+                if self._stt is not None:
+                    self._stt.cancel()
+                self._stt = self.engines.stt.start()
+            elif isinstance(action, core.FinishStt):
+                stream, self._stt = self._stt, None
+                if stream is not None:
+                    self._spawn(self._finish_stt(stream))
+            elif isinstance(action, core.StartUserTurn):
+                self.out.event({"type": "transcript", "text": action.text, "final": True})
+                self._run_turn(self.session.user_turn(action.text))
+            elif isinstance(action, core.CancelAgentTurn):
+                self._cancel_turn()
+            elif isinstance(action, core.Synthesize):
+                self._synth_queue.put_nowait((action.reply_id, action.text))
+            elif isinstance(action, core.SendClear):
+                self.out.clear()
+            elif isinstance(action, core.CommitReply):
+                if self.session.conversation.is_pending(action.reply_id):
+                    self.session.commit_reply(action.reply_id, action.heard)
+            elif isinstance(action, core.RaiseEvent):
+                self._queue_event(action.name, {})
+            elif isinstance(action, core.Audit):
+                self.session.audit.add(action.type, **action.data)
+            elif isinstance(action, core.TurnMetrics):
+                self._turn_metrics(action.data)
+        self._set_timer()
+
+    def _set_timer(self) -> None:
+        deadline = self.core.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None and deadline != float("inf"):
+            self._timer = self._loop.call_at(self._t0 + deadline / 1000, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        if not self.ended:
+            self._apply(self.core.tick(self.now_ms()))
+
+    def _turn_metrics(self, data: dict[str, float | None]) -> None:
+        metrics = {
+            key: round(value, 1) if value is not None else None for key, value in data.items()
+        }
+        end, sent = metrics.get("speech_end_ms"), metrics.get("first_audio_sent_ms")
+        if end is not None and sent is not None:
+            metrics["speech_end_to_first_audio_ms"] = round(sent - end, 1)
+        self.record.turns.append(metrics)
+        self.out.event({"type": "turn_metrics", "metrics": metrics})
+        self.session.audit.add("turn_metrics", **metrics)
+        log.info(
+            "call %s turn %d: speech end -> first audio %s ms (stt final %s, first token %s, "
+            "first tts %s)",
+            self.session.call_id,
+            len(self.record.turns),
+            metrics.get("speech_end_to_first_audio_ms"),
+            metrics.get("stt_final_ms"),
+            metrics.get("first_token_ms"),
+            metrics.get("first_tts_audio_ms"),
+        )
+
+    # ---- STT ---------------------------------------------------------------------------
+
+    async def _finish_stt(self, stream: SttStream) -> None:
+        try:
+            transcript = await stream.finish()
+            text = transcript.text
+        except Exception as exc:
+            self.session.audit.add("error", where="stt", message=f"{type(exc).__name__}: {exc}")
+            text = ""
+        if not self.ended:
+            self._apply(self.core.stt_final(text, self.now_ms()))
+
+    # ---- agent turns -------------------------------------------------------------------
+
+    def _run_turn(self, events: AsyncIterator[AgentEvent]) -> None:
+        self._turn = self._spawn(self._drive(events))
+
+    def _cancel_turn(self) -> None:
+        if self._turn is not None and not self._turn.done():
+            self._turn.cancel()
+        self._turn = None
+        while not self._synth_queue.empty():
+            self._synth_queue.get_nowait()
+
+    def _queue_event(self, name: str, data: dict[str, Any]) -> None:
+        """Events wait for the agent's current turn: one turn runs at a time."""
+        if self._turn is None or self._turn.done():
+            self.core.agent_turn_started(self.now_ms())
+            self._run_turn(self.session.event(name, **data))
+        else:
+            self._pending_events.append((name, data))
+
+    async def _drive(self, events: AsyncIterator[AgentEvent]) -> None:
+        try:
+            async for event in events:
+                now = self.now_ms()
+                if isinstance(event, AgentSpeech):
+                    self.out.event(
+                        {"type": "agent_text", "reply_id": event.reply_id, "text": event.text}
+                    )
+                    self._apply(self.core.agent_text(event.reply_id, event.text, now))
+                elif isinstance(event, AgentSpeechEnd):
+                    self._apply(self.core.agent_reply_end(event.reply_id, now))
+                elif isinstance(event, CallEnd):
+                    self._ending = event.reason
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.session.audit.add("error", where="agent", message=f"{type(exc).__name__}: {exc}")
+        self._apply(self.core.agent_turn_done(self.now_ms()))
+        if self._pending_events:
+            name, data = self._pending_events.pop(0)
+            self._turn = None
+            self._queue_event(name, data)
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if self._ending is None or self.ended:
+            return
+        if self.core.playback.playing or self.core.agent_busy or not self._synth_queue.empty():
+            return
+        reason, self._ending = self._ending, None
+        self.out.event({"type": "end", "reason": reason})
+        self.out.close(1000, reason)
+        self._spawn(self.hang_up(reason))
+
+    # ---- TTS ---------------------------------------------------------------------------
+
+    async def _synthesize_forever(self) -> None:
+        while True:
+            reply_id, text = await self._synth_queue.get()
+            try:
+                await self._synthesize(reply_id, text)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.session.audit.add("error", where="tts", message=f"{type(exc).__name__}: {exc}")
+                self._apply(self.core.tts_audio(reply_id, text, b"", 0.0, self.now_ms()))
+
+    async def _synthesize(self, reply_id: int, text: str) -> None:
+        """One sentence at a time; its audio goes out whole, so its word timings line up."""
+        tts = self.engines.tts
+        pcm = bytearray()
+        words: list[Word] = []
+        async for chunk in tts.synthesize(text):
+            words.extend(Word(w.word, w.start_ms, w.end_ms) for w in chunk.words)
+            pcm += chunk.pcm
+        carrier_pcm = resample(bytes(pcm), tts.sample_rate, self.carrier.sample_rate)
+        audio = self.carrier.encode(carrier_pcm)
+        duration_ms = len(audio) / self.carrier.bytes_per_ms
+        self._apply(
+            self.core.tts_audio(
+                reply_id,
+                text,
+                audio,
+                duration_ms,
+                self.now_ms(),
+                words=tuple(words) if tts.gives_word_timings and words else None,
+            )
+        )
+        self._maybe_finish()
+
+    # ---- events for the native protocol --------------------------------------------------
+
+    def _on_audit(self, event: AuditEvent) -> None:
+        if event.type == "state_change":
+            self.out.event({"type": "state", "changes": event.data.get("diff", {})})
+        elif event.type == "error":
+            self.out.event(
+                {
+                    "type": "error",
+                    "code": event.data.get("where", "error"),
+                    "message": str(event.data.get("message", "")),
+                }
+            )

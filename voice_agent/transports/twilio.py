@@ -1,0 +1,459 @@
+"""Twilio Media Streams (bidirectional) as a sans-I/O codec: Twilio's JSON text messages in,
+typed events out, and the `media` / `mark` / `clear` messages Twilio takes back."""
+
+from __future__ import annotations
+
+import binascii
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, NoReturn
+
+from voice_agent.transports.errors import (
+    MESSAGE_TOO_BIG,
+    POLICY_VIOLATION,
+    PROTOCOL_ERROR,
+    UNSUPPORTED_DATA,
+    ProtocolError,
+    ProtocolWarning,
+)
+
+ENCODING = "audio/x-mulaw"
+SAMPLE_RATE = 8000
+CHANNELS = 1
+FRAME_BYTES = 160  # 20 ms of 8 kHz mu-law, what Twilio sends in every media message
+# Twilio sends 160 bytes; up to ten frames in one message is still plausible for a
+# Twilio-compatible peer that batches, anything beyond is not a phone line.
+MAX_MEDIA_PAYLOAD_BYTES = 1600
+MAX_MESSAGE_CHARS = 16_384
+# For the server's `websockets` max_size: above the codec's own limit even for non-ASCII text, so
+# the codec's clearer 1009 reason is the one a peer normally sees.
+WEBSOCKET_MAX_SIZE = 4 * MAX_MESSAGE_CHARS
+DTMF_DIGITS = frozenset("0123456789*#ABCD")
+AGENT_PARAMETER = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class MediaFormat:
+    encoding: str
+    sample_rate: int
+    channels: int
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    protocol: str
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    sequence: int
+    stream_sid: str
+    call_sid: str
+    account_sid: str
+    tracks: tuple[str, ...]
+    media_format: MediaFormat
+    custom_parameters: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def call_id(self) -> str:
+        return self.call_sid
+
+    @property
+    def agent(self) -> str | None:
+        """The agent the `<Parameter name="agent">` of the TwiML names, if any."""
+        return self.custom_parameters.get(AGENT_PARAMETER)
+
+    @property
+    def agent_args(self) -> dict[str, str]:
+        """Every other custom parameter: the agent's args."""
+        return {k: v for k, v in self.custom_parameters.items() if k != AGENT_PARAMETER}
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    sequence: int
+    chunk: int
+    timestamp_ms: int
+    track: str
+    payload: bytes  # 8 kHz mu-law, base64-decoded
+
+
+@dataclass(frozen=True, slots=True)
+class Dtmf:
+    sequence: int
+    digit: str
+    track: str
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Twilio finished playing (or a `clear` dropped) the audio sent before the mark `name`."""
+
+    sequence: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The stream ended: the caller hung up, or the call left the `<Connect><Stream>`."""
+
+    sequence: int
+    account_sid: str
+    call_sid: str
+
+
+TwilioEvent = Connected | Start | Media | Dtmf | Mark | Stop | ProtocolWarning
+
+
+class StreamState(enum.Enum):
+    NEW = "new"
+    CONNECTED = "connected"
+    STARTED = "started"
+    STOPPED = "stopped"
+
+
+def _malformed(reason: str) -> ProtocolError:
+    return ProtocolError(PROTOCOL_ERROR, reason, kind="malformed_message")
+
+
+def _object(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    if not isinstance(value, dict):
+        missing = value is None
+        raise _malformed(f"{path} is {'missing' if missing else 'not an object'}")
+    return value
+
+
+def _text(parent: Mapping[str, Any], key: str, path: str) -> str:
+    value = parent.get(key)
+    if not isinstance(value, str) or not value:
+        missing = value is None
+        raise _malformed(f"{path} is {'missing' if missing else 'not a non-empty string'}")
+    return value
+
+
+def _integer(parent: Mapping[str, Any], key: str, path: str) -> int:
+    # Twilio sends numbers as strings ("sequenceNumber": "2"); plain integers are taken as well.
+    value = parent.get(key)
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if value is None:
+        raise _malformed(f"{path} is missing")
+    raise _malformed(f"{path} is not an integer (got {json.dumps(value)[:40]})")
+
+
+class TwilioStream:
+    """One Media Stream's inbound side: feed it each text message, get events back.
+
+    Order enforced: an optional `connected`, then exactly one `start`, then `media`, `dtmf`,
+    `mark` and finally `stop`. Fatal problems raise `ProtocolError` (close the socket with its
+    code and `close_reason`); harmless ones come back as a `ProtocolWarning` event in the list.
+    Once `start` is in, `media_message` / `mark_message` / `clear_message` address this stream.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_message_chars: int = MAX_MESSAGE_CHARS,
+        max_payload_bytes: int = MAX_MEDIA_PAYLOAD_BYTES,
+    ) -> None:
+        self.max_message_chars = max_message_chars
+        self.max_payload_bytes = max_payload_bytes
+        # Longest base64 text that can decode to max_payload_bytes; checked before decoding.
+        self._max_payload_chars = 4 * -(-max_payload_bytes // 3)
+        self.state = StreamState.NEW
+        self.start: Start | None = None
+        self._last_sequence = 0  # set by start
+        self._media_prefix = ""
+        self._stream_sid = ""
+
+    @property
+    def stream_sid(self) -> str:
+        if self.start is None:
+            raise RuntimeError("the stream has not started: no streamSid yet")
+        return self.start.stream_sid
+
+    # -- inbound -------------------------------------------------------------------------------
+
+    def receive_bytes(self, data: bytes) -> NoReturn:
+        """Twilio only sends text: a binary frame is a peer that is not speaking its protocol."""
+        raise ProtocolError(
+            UNSUPPORTED_DATA,
+            f"binary frame of {len(data)} bytes: Twilio Media Streams messages are JSON text",
+            kind="binary_frame",
+        )
+
+    def receive(self, text: str) -> list[TwilioEvent]:
+        if len(text) > self.max_message_chars:
+            raise ProtocolError(
+                MESSAGE_TOO_BIG,
+                f"message of {len(text)} characters exceeds the {self.max_message_chars} limit",
+                kind="message_too_big",
+            )
+        try:
+            message = json.loads(text)
+        except ValueError as exc:
+            raise _malformed(f"message is not valid JSON: {exc}") from None
+        if not isinstance(message, dict):
+            raise _malformed("message is not a JSON object")
+        event = message.get("event")
+        # Media first: it is 50 messages a second, everything else a handful per call.
+        if event == "media":
+            return self._media(message)
+        if not isinstance(event, str):
+            raise _malformed('message has no "event" string')
+        if self.state is StreamState.STOPPED:
+            return [ProtocolWarning("after_stop", f"{event} message after stop ignored")]
+        if event == "connected":
+            return [self._connected(message)]
+        if event == "start":
+            return self._start(message)
+        if event == "dtmf":
+            return self._dtmf(message)
+        if event == "mark":
+            return self._mark(message)
+        if event == "stop":
+            return self._stop(message)
+        # Twilio adds event types over time; a new one must not end a caller's call.
+        return [ProtocolWarning("unknown_event", f"unknown event {event[:40]!r} ignored")]
+
+    def _require_started(self, event: str) -> None:
+        if self.state is not StreamState.STARTED:
+            raise ProtocolError(
+                PROTOCOL_ERROR, f"{event} message before start", kind="out_of_order"
+            )
+
+    def _sequenced(self, message: Mapping[str, Any], event: str) -> tuple[int, list[TwilioEvent]]:
+        """The message's sequenceNumber, checked against its streamSid and the previous one."""
+        sequence = _integer(message, "sequenceNumber", "sequenceNumber")
+        sid = message.get("streamSid")
+        if sid != self._stream_sid:
+            if sid is None:
+                raise _malformed(f"{event} message has no streamSid")
+            raise ProtocolError(
+                PROTOCOL_ERROR,
+                f"streamSid {str(sid)[:40]!r} is not this stream's {self._stream_sid!r}",
+                kind="wrong_stream",
+            )
+        warnings: list[TwilioEvent] = []
+        last = self._last_sequence
+        if sequence != last + 1:
+            # TCP keeps order, so a gap means Twilio dropped messages; the call can go on.
+            what = f"{sequence - last - 1} missing" if sequence > last else "out of order"
+            warnings.append(
+                ProtocolWarning("sequence_gap", f"sequenceNumber {sequence} after {last}: {what}")
+            )
+        self._last_sequence = max(last, sequence)
+        return sequence, warnings
+
+    def _media(self, message: Mapping[str, Any]) -> list[TwilioEvent]:
+        # The common case in one pass with no helper calls; anything unusual takes the checked
+        # path below, which gives the precise error.
+        try:
+            media = message["media"]
+            payload = media["payload"]
+            sequence = message["sequenceNumber"]
+            chunk = media["chunk"]
+            timestamp = media["timestamp"]
+            track = media["track"]
+            if (
+                self.state is StreamState.STARTED
+                and message["streamSid"] == self._stream_sid
+                and sequence.isdigit()
+                and chunk.isdigit()
+                and timestamp.isdigit()
+                and sequence.isascii()
+                and chunk.isascii()
+                and timestamp.isascii()
+                and track.__class__ is str
+                and track
+                and 0 < len(payload) <= self._max_payload_chars
+            ):
+                data = binascii.a2b_base64(payload, strict_mode=True)
+                number = int(sequence)
+                if number == self._last_sequence + 1 and 0 < len(data) <= self.max_payload_bytes:
+                    self._last_sequence = number
+                    return [Media(number, int(chunk), int(timestamp), track, data)]
+        except (KeyError, TypeError, AttributeError, ValueError, binascii.Error):
+            pass
+        return self._media_checked(message)
+
+    def _media_checked(self, message: Mapping[str, Any]) -> list[TwilioEvent]:
+        if self.state is StreamState.STOPPED:
+            return [ProtocolWarning("after_stop", "media message after stop ignored")]
+        self._require_started("media")
+        sequence, events = self._sequenced(message, "media")
+        media = _object(message, "media", "media")
+        payload = media.get("payload")
+        if not isinstance(payload, str):
+            raise _malformed(f"media.payload is {'missing' if payload is None else 'not a string'}")
+        if len(payload) > self._max_payload_chars:
+            raise self._payload_too_large(len(payload) * 3 // 4)
+        try:
+            data = binascii.a2b_base64(payload, strict_mode=True)
+        except (binascii.Error, ValueError):
+            # binascii's own wording differs between Python versions; the field says enough.
+            raise ProtocolError(
+                PROTOCOL_ERROR, "media.payload is not valid base64", kind="invalid_payload"
+            ) from None
+        if len(data) > self.max_payload_bytes:
+            raise self._payload_too_large(len(data))
+        chunk = _integer(media, "chunk", "media.chunk")
+        timestamp = _integer(media, "timestamp", "media.timestamp")
+        track = _text(media, "track", "media.track")
+        if not data:
+            events.append(ProtocolWarning("empty_payload", f"media chunk {chunk} has no audio"))
+            return events
+        events.append(Media(sequence, chunk, timestamp, track, data))
+        return events
+
+    def _payload_too_large(self, size: int) -> ProtocolError:
+        return ProtocolError(
+            POLICY_VIOLATION,
+            f"media.payload of {size} bytes exceeds {self.max_payload_bytes} "
+            f"({self.max_payload_bytes // 8} ms of 8 kHz mu-law)",
+            kind="payload_too_large",
+        )
+
+    def _connected(self, message: Mapping[str, Any]) -> Connected:
+        if self.state is not StreamState.NEW:
+            raise ProtocolError(
+                PROTOCOL_ERROR, f"connected message after {self.state.value}", kind="out_of_order"
+            )
+        self.state = StreamState.CONNECTED
+        # protocol and version are informative only; Twilio has only ever sent "Call" / "1.0.0".
+        protocol = message.get("protocol")
+        version = message.get("version")
+        return Connected(
+            protocol if isinstance(protocol, str) else "",
+            version if isinstance(version, str) else "",
+        )
+
+    def _start(self, message: Mapping[str, Any]) -> list[TwilioEvent]:
+        if self.state is StreamState.STARTED:
+            raise ProtocolError(PROTOCOL_ERROR, "second start message", kind="out_of_order")
+        sequence = _integer(message, "sequenceNumber", "sequenceNumber")
+        start = _object(message, "start", "start")
+        stream_sid = _text(start, "streamSid", "start.streamSid")
+        call_sid = _text(start, "callSid", "start.callSid")
+        account_sid = _text(start, "accountSid", "start.accountSid")
+        tracks = start.get("tracks")
+        if not isinstance(tracks, list) or not all(isinstance(t, str) for t in tracks):
+            raise _malformed("start.tracks is not a list of strings")
+        params = start.get("customParameters", {})
+        if not isinstance(params, dict):
+            raise _malformed("start.customParameters is not an object")
+        for key, value in params.items():
+            if not isinstance(value, str):
+                raise _malformed(f"start.customParameters.{key[:40]} is not a string")
+        fmt = _object(start, "mediaFormat", "start.mediaFormat")
+        media_format = MediaFormat(
+            _text(fmt, "encoding", "start.mediaFormat.encoding"),
+            _integer(fmt, "sampleRate", "start.mediaFormat.sampleRate"),
+            _integer(fmt, "channels", "start.mediaFormat.channels"),
+        )
+        if media_format != MediaFormat(ENCODING, SAMPLE_RATE, CHANNELS):
+            raise ProtocolError(
+                UNSUPPORTED_DATA,
+                f"mediaFormat {media_format.encoding} {media_format.sample_rate} Hz "
+                f"x{media_format.channels} is not {ENCODING} {SAMPLE_RATE} Hz mono",
+                kind="unsupported_media_format",
+            )
+        self.start = Start(
+            sequence=sequence,
+            stream_sid=stream_sid,
+            call_sid=call_sid,
+            account_sid=account_sid,
+            tracks=tuple(tracks),
+            media_format=media_format,
+            custom_parameters=dict(params),
+        )
+        self.state = StreamState.STARTED
+        self._stream_sid = stream_sid
+        self._last_sequence = sequence
+        self._media_prefix = _media_prefix(stream_sid)
+        return [self.start]
+
+    def _dtmf(self, message: Mapping[str, Any]) -> list[TwilioEvent]:
+        self._require_started("dtmf")
+        sequence, events = self._sequenced(message, "dtmf")
+        dtmf = _object(message, "dtmf", "dtmf")
+        digit = _text(dtmf, "digit", "dtmf.digit")
+        track = _text(dtmf, "track", "dtmf.track")
+        if digit not in DTMF_DIGITS:
+            events.append(ProtocolWarning("invalid_dtmf", f"dtmf.digit {digit[:10]!r} ignored"))
+        else:
+            events.append(Dtmf(sequence, digit, track))
+        return events
+
+    def _mark(self, message: Mapping[str, Any]) -> list[TwilioEvent]:
+        self._require_started("mark")
+        sequence, events = self._sequenced(message, "mark")
+        mark = _object(message, "mark", "mark")
+        events.append(Mark(sequence, _text(mark, "name", "mark.name")))
+        return events
+
+    def _stop(self, message: Mapping[str, Any]) -> list[TwilioEvent]:
+        if self.state is not StreamState.STARTED:
+            # The caller can hang up before the stream starts: there is nothing to check it
+            # against, and ending the call is the right outcome whatever it holds.
+            self.state = StreamState.STOPPED
+            stop = message.get("stop")
+            stop = stop if isinstance(stop, dict) else {}
+            sequence = message.get("sequenceNumber")
+            number = int(sequence) if isinstance(sequence, str) and sequence.isdecimal() else 0
+            account, call = stop.get("accountSid"), stop.get("callSid")
+            return [Stop(number, str(account or ""), str(call or ""))]
+        sequence, events = self._sequenced(message, "stop")
+        stop = _object(message, "stop", "stop")
+        events.append(
+            Stop(
+                sequence,
+                _text(stop, "accountSid", "stop.accountSid"),
+                _text(stop, "callSid", "stop.callSid"),
+            )
+        )
+        self.state = StreamState.STOPPED
+        return events
+
+    # -- outbound ------------------------------------------------------------------------------
+
+    def media_message(self, ulaw: bytes) -> str:
+        """`media_message` for this stream, with the JSON around the payload built once."""
+        if not self._media_prefix:
+            raise RuntimeError("the stream has not started: no streamSid yet")
+        return self._media_prefix + binascii.b2a_base64(ulaw, newline=False).decode() + '"}}'
+
+    def mark_message(self, name: str) -> str:
+        return mark_message(self.stream_sid, name)
+
+    def clear_message(self) -> str:
+        return clear_message(self.stream_sid)
+
+
+@lru_cache(maxsize=4096)
+def _media_prefix(stream_sid: str) -> str:
+    return f'{{"event":"media","streamSid":{json.dumps(stream_sid)},"media":{{"payload":"'
+
+
+def media_message(stream_sid: str, ulaw: bytes) -> str:
+    """Audio for Twilio to play: 8 kHz mu-law without any header, any length."""
+    # Base64 needs no JSON escaping, so the text around it is a constant per stream.
+    return _media_prefix(stream_sid) + binascii.b2a_base64(ulaw, newline=False).decode() + '"}}'
+
+
+def mark_message(stream_sid: str, name: str) -> str:
+    """Ask Twilio to send `mark` `name` back once the audio sent before it has played."""
+    sid, label = json.dumps(stream_sid), json.dumps(name)
+    return f'{{"event":"mark","streamSid":{sid},"mark":{{"name":{label}}}}}'
+
+
+def clear_message(stream_sid: str) -> str:
+    """Drop the audio Twilio has queued; Twilio then returns every pending mark."""
+    return f'{{"event":"clear","streamSid":{json.dumps(stream_sid)}}}'
