@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from tests.support.twilio_client import ManualClock, NativeClient, TwilioClient
+from voice_agent.callers import ManualClock, NativeClient, TwilioClient
 from voice_agent.transports import native, twilio
 from voice_agent.transports.errors import ProtocolError, ProtocolWarning, close_reason
 from voice_agent.transports.native import AudioFormat, NativeStream

@@ -65,11 +65,15 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         await server.start()
         agent = registry.default_agent
-        print(f"voice_agent {__version__} serving agent {agent!r} on {server.url}", flush=True)
-        print(f"  Twilio Media Streams: ws://{server.host}:{server.port}/twilio", flush=True)
-        print(f"  native WebSocket:     ws://{server.host}:{server.port}/ws", flush=True)
+        ws = f"ws://{server.host}:{server.port}"
         print(
-            f"  try it:  voice-agent call --wav caller.wav --url ws://{server.host}:{server.port}/ws",
+            f"voice_agent {__version__} serving agent {agent!r} on {server.url}\n"
+            f"  Twilio Media Streams: <Connect><Stream url=\"{ws}/twilio\"> (via a tunnel)\n"
+            f"  native WebSocket:     {ws}/ws\n"
+            f"  call records:         {server.url}/calls\n"
+            f"  talk to it:           .venv/bin/voice-agent call --url {ws}/ws "
+            "--wav tests/fixtures/audio/joe_book1.wav\n"
+            "  or type to it:        scripts/run chat",
             flush=True,
         )
         await server.serve_until_signal()

@@ -212,7 +212,7 @@ class CallCore:
     ) -> list[Action]:
         step = self.turns.feed(frame, is_speech, now_ms)
         self._partial = partial
-        if not step.stt_frames and not self.turns.in_speech:
+        if not step.stt_frames and not step.ended and not self.turns.in_speech:
             return []
         actions: list[Action] = []
         if step.started:
@@ -268,7 +268,7 @@ class CallCore:
                     "caller_speech_start_ms": started,
                     "clear_sent_ms": now_ms,
                     "latency_ms": now_ms - started,
-                    "heard": cut.heard,
+                    "heard": {str(reply_id): text for reply_id, text in cut.heard.items()},
                     "unheard": " ".join(chunk.text for chunk in cut.unheard),
                 },
             )
@@ -322,12 +322,24 @@ class CallCore:
         self._metrics["user_turn_ms"] = now_ms
         return [StartUserTurn(text)]
 
+    def _committed_text(self, reply_id: int, heard: str) -> str | None:
+        """The generated text cut to as many words as were heard.
+
+        Heard words come from TTS word timings, which may drop punctuation; counting them
+        against the generated text keeps the reply as the LLM wrote it.
+        """
+        reply = self._replies.get(reply_id)
+        count = len(heard.split())
+        if reply is None or not reply.generated.strip():
+            return heard or None
+        return " ".join(reply.generated.split()[:count]) or None
+
     def _commit_cut(self, heard: dict[int, str]) -> list[Action]:
         """A real interruption: every reply not yet committed keeps only what was heard."""
         actions: list[Action] = []
         for reply_id in list(self._replies):
             text = heard.get(reply_id, self.playback.heard_text(reply_id))
-            actions.append(CommitReply(reply_id, text or None))
+            actions.append(CommitReply(reply_id, self._committed_text(reply_id, text)))
             self._forget(reply_id)
         return actions
 
@@ -453,10 +465,11 @@ class CallCore:
             return []
         if reply_id in self.playback.pending_replies() or self._interruption is not None:
             return []
-        heard = self.playback.heard_text(reply_id)
-        text = reply.generated.strip() if not reply.cancelled else heard
+        text = reply.generated.strip() or None
+        if reply.cancelled:
+            text = self._committed_text(reply_id, self.playback.heard_text(reply_id))
         self._forget(reply_id)
-        return [CommitReply(reply_id, text or None)]
+        return [CommitReply(reply_id, text)]
 
     def _forget(self, reply_id: int) -> None:
         self._replies.pop(reply_id, None)
@@ -470,8 +483,5 @@ class CallCore:
             self.agent_busy = False
         self._interruption = None
         cut = self.playback.cut(now_ms)
-        for reply_id in list(self._replies):
-            text = cut.heard.get(reply_id, self.playback.heard_text(reply_id))
-            actions.append(CommitReply(reply_id, text or None))
-            self._forget(reply_id)
+        actions.extend(self._commit_cut(cut.heard))
         return actions

@@ -16,6 +16,9 @@ class TurnConfig:
     min_speech_ms: int = 100  # this much speech in a row starts an utterance
     end_of_turn_silence_ms: int = 600  # this much silence ends it
     pre_roll_ms: int = 300
+    # Silence after speech that STT still gets; the rest of the end-of-turn wait is held back
+    # (and released only if speech resumes), since STT engines hallucinate words in silence.
+    stt_tail_ms: int = 200
 
 
 @dataclass
@@ -39,6 +42,7 @@ class TurnDetector:
         self.in_speech = False
         self.speech_start_ms: float | None = None  # when the current utterance's speech began
         self.speech_end_ms: float | None = None  # end of the last speech frame heard
+        self._held: list[bytes] = []
 
     def feed(self, frame: bytes, is_speech: bool, now_ms: float) -> TurnStep:
         """`now_ms` is the time at the end of this frame."""
@@ -61,13 +65,18 @@ class TurnDetector:
         if is_speech:
             self._silence_run_ms = 0
             self.speech_end_ms = now_ms
-            return TurnStep(stt_frames=[frame])
+            frames, self._held = [*self._held, frame], []
+            return TurnStep(stt_frames=frames)
         self._silence_run_ms += frame_ms
         if self._silence_run_ms >= self.config.end_of_turn_silence_ms:
             self.in_speech = False
             self._speech_run_ms = 0
-            return TurnStep(ended=True, stt_frames=[frame])
-        return TurnStep(stt_frames=[frame])
+            self._held.clear()
+            return TurnStep(ended=True)
+        if self._silence_run_ms <= self.config.stt_tail_ms:
+            return TurnStep(stt_frames=[frame])
+        self._held.append(frame)
+        return TurnStep()
 
     def speech_ms(self, now_ms: float) -> float:
         """How long the current utterance has lasted (0 outside one)."""

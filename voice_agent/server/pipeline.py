@@ -35,8 +35,9 @@ from voice_agent.server.calls import CallRecord
 
 log = logging.getLogger("voice_agent.call")
 
-CORE_RATE = 16000
-CORE_FRAME_BYTES = 640  # 20 ms of PCM16 at 16 kHz
+STT_RATE = 16000
+VAD_RATES = (8000, 16000, 32000, 48000)  # what webrtcvad takes as it is
+FRAME_MS = 20
 
 
 class Outbound(Protocol):
@@ -53,7 +54,7 @@ class Outbound(Protocol):
 class Engines:
     """One agent's engines, shared by its calls (a VAD is made per call: it has state)."""
 
-    make_vad: Callable[[], Vad]
+    make_vad: Callable[[int], Vad]  # takes the sample rate of the frames it will see
     stt: Stt
     tts: Tts
 
@@ -99,12 +100,17 @@ class CallPipeline:
             bytes_per_ms=carrier.bytes_per_ms,
             sample_bytes=carrier.sample_bytes,
         )
-        self.vad = engines.make_vad()
+        # Frames stay at the carrier's rate when VAD takes it: most of a call is silence, and
+        # resampling it all for nothing would be the media path's largest cost. Only speech
+        # going to STT is resampled, one stream per utterance.
+        self.frame_rate = carrier.sample_rate if carrier.sample_rate in VAD_RATES else STT_RATE
+        self.vad = engines.make_vad(self.frame_rate)
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
-        self._inbound = StreamResampler(carrier.sample_rate, CORE_RATE)
-        self._framer = Framer(CORE_FRAME_BYTES)
+        self._inbound = StreamResampler(carrier.sample_rate, self.frame_rate)
+        self._framer = Framer(self.frame_rate * 2 * FRAME_MS // 1000)
         self._stt: SttStream | None = None
+        self._to_stt = StreamResampler(self.frame_rate, STT_RATE)
         self._turn: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._synth_queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
@@ -188,7 +194,7 @@ class CallPipeline:
         for action in actions:
             if isinstance(action, core.FeedStt):
                 if self._stt is not None:
-                    self._stt.push(action.frame)
+                    self._stt.push(self._to_stt.process(action.frame))
             elif isinstance(action, core.SendAudio):
                 self.out.audio(action.audio)
             elif isinstance(action, core.SendMark):
@@ -197,9 +203,13 @@ class CallPipeline:
                 if self._stt is not None:
                     self._stt.cancel()
                 self._stt = self.engines.stt.start()
+                self._to_stt = StreamResampler(self.frame_rate, STT_RATE)
             elif isinstance(action, core.FinishStt):
                 stream, self._stt = self._stt, None
                 if stream is not None:
+                    tail = self._to_stt.flush()
+                    if tail:
+                        stream.push(tail)
                     self._spawn(self._finish_stt(stream))
             elif isinstance(action, core.StartUserTurn):
                 self.out.event({"type": "transcript", "text": action.text, "final": True})

@@ -1,5 +1,5 @@
-"""Test callers: TwilioClient plays Twilio's side of a bidirectional Media Stream, NativeClient the
-native `/ws` protocol; both stream a caller's audio and play the server's audio on a clock."""
+"""Callers for tests, benchmarks and `voice-agent call`: TwilioClient plays Twilio's side of a
+Media Stream, NativeClient the native `/ws` protocol; both play the server's audio on a clock."""
 
 from __future__ import annotations
 

@@ -1,0 +1,62 @@
+"""The speech-to-text interface the pipeline uses: an Stt engine opens one SttStream per caller
+utterance, fed 16 kHz PCM16 mono frames while the caller speaks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from voice_agent.errors import VoiceAgentError
+
+SAMPLE_RATE = 16000
+SAMPLE_WIDTH = 2  # bytes: PCM16
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str  # "" when nothing was recognised
+    confidence: float | None = None
+    words: tuple[str, ...] = ()
+
+
+class SttStream(Protocol):
+    def push(self, pcm: bytes) -> None:
+        """Queue 16 kHz PCM16 mono audio. Called on the event loop, so it only queues."""
+        ...
+
+    def partial(self) -> str:
+        """The best hypothesis so far, "" if none (or if the engine has no partials)."""
+        ...
+
+    async def finish(self) -> Transcript:
+        """End of utterance: the final text. Pushes after this are ignored."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop the utterance; a pending or later finish() then returns an empty Transcript."""
+        ...
+
+
+class Stt(Protocol):
+    sample_rate: int
+
+    def start(self) -> SttStream:
+        """A stream for one new utterance. Cheap: heavy set-up happens off the event loop."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SttConfig:
+    provider: Literal["pocketsphinx", "openai"] = "pocketsphinx"
+    language_model: Literal["domain", "full"] = "domain"
+    # Extra expected phrases; the caller adds its intents' training phrases to make_stt.
+    phrases: tuple[str, ...] = ()
+    model: str | None = None  # openai: "gpt-4o-mini-transcribe" / "whisper-1"
+    base_url: str | None = None
+    api_key: str | None = None
+
+
+class SttError(VoiceAgentError):
+    """Recognition failed (engine error, unreachable or refusing transcription service)."""

@@ -1,0 +1,108 @@
+"""OpenAI-compatible STT: the utterance is buffered while the caller speaks and sent as one WAV to
+the transcription endpoint (POST /v1/audio/transcriptions) at end of turn. No partials."""
+
+from __future__ import annotations
+
+import io
+import os
+import wave
+
+import openai
+from openai import AsyncOpenAI
+
+from voice_agent.engines.stt.base import SAMPLE_RATE, SAMPLE_WIDTH, SttError, Transcript
+
+DEFAULT_MODEL = "gpt-4o-mini-transcribe"
+# Local OpenAI-compatible servers often need no key, but the SDK refuses to start without one.
+_PLACEHOLDER_KEY = "no-key-configured"
+# The API rejects audio shorter than 0.1 s; such a blip holds no words anyway.
+_MIN_AUDIO_BYTES = SAMPLE_RATE * SAMPLE_WIDTH // 10
+
+
+def wav_bytes(pcm: bytes, sample_rate: int = SAMPLE_RATE) -> bytes:
+    """PCM16 mono audio wrapped in a WAV header."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(SAMPLE_WIDTH)
+        wav.setframerate(sample_rate)
+        wav.writeframes(pcm)
+    return out.getvalue()
+
+
+class OpenAiStream:
+    def __init__(self, engine: OpenAiStt) -> None:
+        self._engine = engine
+        self._audio = bytearray()
+        self._open = True
+        self._cancelled = False
+
+    def push(self, pcm: bytes) -> None:
+        if self._open:
+            self._audio += pcm
+
+    def partial(self) -> str:
+        return ""
+
+    async def finish(self) -> Transcript:
+        self._open = False
+        if self._cancelled or len(self._audio) < _MIN_AUDIO_BYTES:
+            return Transcript("")
+        audio = bytes(self._audio[: len(self._audio) - len(self._audio) % SAMPLE_WIDTH])
+        return await self._engine.transcribe(audio)
+
+    def cancel(self) -> None:
+        self._open = False
+        self._cancelled = True
+        self._audio.clear()
+
+
+class OpenAiStt:
+    """Transcription through the OpenAI SDK. base_url/api_key default to the SDK's environment
+    variables (OPENAI_BASE_URL, OPENAI_API_KEY); with no key at all a placeholder is sent, which
+    local servers accept and OpenAI answers with 401."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        language: str | None = None,
+        timeout_s: float = 15.0,
+        max_retries: int = 1,
+        client: AsyncOpenAI | None = None,
+    ) -> None:
+        self.model = model or DEFAULT_MODEL
+        self._language = language
+        self._owns_client = client is None
+        if client is None:
+            key = api_key or os.environ.get("OPENAI_API_KEY") or _PLACEHOLDER_KEY
+            client = AsyncOpenAI(
+                base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries
+            )
+        self._client = client
+
+    def start(self) -> OpenAiStream:
+        return OpenAiStream(self)
+
+    async def transcribe(self, pcm: bytes) -> Transcript:
+        """One utterance's 16 kHz PCM16 mono audio to text."""
+        try:
+            result = await self._client.audio.transcriptions.create(
+                model=self.model,
+                file=("audio.wav", wav_bytes(pcm), "audio/wav"),
+                language=self._language or openai.omit,
+            )
+        except openai.APIStatusError as e:
+            raise SttError(f"transcription failed: HTTP {e.status_code}: {e.message}") from e
+        except openai.APIError as e:
+            raise SttError(f"transcription failed: {e.message}") from e
+        text = (result if isinstance(result, str) else result.text).strip()
+        return Transcript(text, None, tuple(text.split()))
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.close()
