@@ -232,3 +232,21 @@ def test_hang_up_mid_reply_commits_what_played() -> None:
     d.say(1, "One two three four five six seven eight.")
     d.play(900)
     assert of(CommitReply, d.run(d.core.hang_up(d.now))) == [CommitReply(1, "One two three")]
+
+
+def test_one_stray_word_over_the_agent_is_noise_but_stop_is_not() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Your table is booked for Friday at eight in the evening.")
+    d.play(650)
+    d.frames(400, speech=True)  # a door slam that STT reads as a word
+    d.frames(500, speech=False)
+    noise = d.run(d.core.stt_final("half", d.now))
+    assert of(StartUserTurn, noise) == []
+    assert [a.data["reason"] for a in of(Audit, noise) if a.type == "false_interruption"] == [
+        "noise"
+    ]
+    d.frames(400, speech=True)
+    d.frames(500, speech=False)
+    stop = d.run(d.core.stt_final("stop", d.now))
+    assert of(StartUserTurn, stop) == [StartUserTurn("stop")]

@@ -68,7 +68,7 @@ async def _serve(args: argparse.Namespace) -> int:
         ws = f"ws://{server.host}:{server.port}"
         print(
             f"voice_agent {__version__} serving agent {agent!r} on {server.url}\n"
-            f"  Twilio Media Streams: <Connect><Stream url=\"{ws}/twilio\"> (via a tunnel)\n"
+            f'  Twilio Media Streams: <Connect><Stream url="{ws}/twilio"> (via a tunnel)\n'
             f"  native WebSocket:     {ws}/ws\n"
             f"  call records:         {server.url}/calls\n"
             f"  talk to it:           .venv/bin/voice-agent call --url {ws}/ws "

@@ -160,6 +160,10 @@ class InterruptionSettings(_Strict):
         default_factory=lambda: ["uh-huh", "uh huh", "mm-hmm", "mhm", "yeah", "yep", "okay", "ok"]
     )
     resume_after_false_interruption: bool = True
+    confirm_min_words: int = Field(default=2, ge=1)
+    confirm_words: list[str] = Field(
+        default_factory=lambda: ["stop", "wait", "no", "yes", "hello", "hey", "sorry", "hold"]
+    )
 
 
 class VoiceSettings(_Strict):

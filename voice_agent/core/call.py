@@ -27,6 +27,9 @@ DEFAULT_BACKCHANNELS = (
     "ok",
     "right",
 )
+# One word alone over the agent is more often STT's reading of a noise ("the", "half") than
+# speech; these few take the turn even alone.
+DEFAULT_CONFIRM_WORDS = ("stop", "wait", "no", "yes", "hello", "hey", "sorry", "hold", "help")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class InterruptionConfig:
     false_interruption_timeout_ms: int = 1500  # no words by then: the agent resumes
     backchannels: tuple[str, ...] = DEFAULT_BACKCHANNELS
     resume_after_false_interruption: bool = True
+    # Words over the agent that make an interruption real: this many, or one of confirm_words.
+    confirm_min_words: int = 2
+    confirm_words: tuple[str, ...] = DEFAULT_CONFIRM_WORDS
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,13 @@ class CallCore:
         words = words_of(text)
         return words, [w for w in words if w not in self._backchannel_words]
 
+    def _confirms(self, real: list[str]) -> bool:
+        """Whether words said over the agent are an interruption rather than a noise."""
+        rules = self.config.interruption
+        return len(real) >= rules.confirm_min_words or (
+            len(real) == 1 and real[0] in rules.confirm_words
+        )
+
     def _agent_audible(self) -> bool:
         return self.playback.playing
 
@@ -283,8 +296,8 @@ class CallCore:
             self._metrics["stt_final_ms"] = now_ms
         interruption, self._interruption = self._interruption, None
         if interruption is not None:
-            if not real:
-                reason = "backchannel" if words else "noise"
+            if not self._confirms(real):
+                reason = "noise" if not words or real else "backchannel"
                 return [
                     Audit("user_utterance_dropped", {"text": text, "reason": reason}),
                     *self._resume(interruption, now_ms, reason),
@@ -296,8 +309,9 @@ class CallCore:
             ]
             self._arm_no_input(now_ms)
             return actions
-        if self._agent_audible() and not real:
-            return [Audit("user_utterance_dropped", {"text": text, "reason": "backchannel"})]
+        if self._agent_audible() and not self._confirms(real):
+            reason = "backchannel" if words and not real else "noise"
+            return [Audit("user_utterance_dropped", {"text": text, "reason": reason})]
         if self._agent_audible() or self.agent_busy:
             # Real words too short to count as a barge-in while the agent spoke, or said while it
             # was thinking: they still take the turn.

@@ -72,6 +72,8 @@ def core_config(voice: VoiceSettings, no_input_timeout_s: float) -> core.CoreCon
             false_interruption_timeout_ms=voice.interruption.false_interruption_timeout_ms,
             backchannels=tuple(voice.interruption.backchannels),
             resume_after_false_interruption=voice.interruption.resume_after_false_interruption,
+            confirm_min_words=voice.interruption.confirm_min_words,
+            confirm_words=tuple(voice.interruption.confirm_words),
         ),
         no_input_timeout_ms=int(no_input_timeout_s * 1000),
     )
