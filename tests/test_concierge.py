@@ -74,3 +74,16 @@ async def test_cancel_without_a_booking_is_guarded(
     assert [e.data["error"] for e in session.audit.of_type("tool_call")] == [
         "not run: a BeforeActionTrigger responded instead"
     ]
+
+
+async def test_code_can_use_the_flow_matcher_on_the_last_utterance(
+    registry: AgentRegistry, llm: OpenAIStandIn
+) -> None:
+    session = CallSession(registry, agent="concierge")
+    await speech(session.start())
+    llm.script(Reply(tool_calls=[("classify_request", {})]), Reply(text="Let's cancel it."))
+    await speech(session.user_turn("i want to cancel my reservation"))
+    result = json.loads(
+        [m for m in llm.requests[1]["messages"] if m["role"] == "tool"][0]["content"]
+    )
+    assert result["intent"] == "cancel_booking"

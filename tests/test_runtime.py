@@ -257,6 +257,7 @@ async def test_transfer_keeps_state_extends_it_and_switches_prompt(
     assert session.agent.name == "support"
     assert session.state["name"] == "Linus"  # kept: the new agent's default does not override
     assert session.state["tier"] == "gold" and session.state["ticket"] == 7
+    assert session.state["support_since_turn"] == 1  # on_enter ran, after this turn's on_turn
     second = llm.requests[1]
     assert second["model"] == "support-model"
     assert (
@@ -326,3 +327,15 @@ async def test_event_triggers_dtmf_no_input_and_custom(
     assert session.state["vip"] is True
     await session.end("caller hung up")
     assert session.audit.events[-1].type == "call_ended"
+
+
+async def test_session_values_read_the_dialogflow_way_and_on_turn_counts(
+    seed_registry: AgentRegistry, llm: OpenAIStandIn
+) -> None:
+    session = await started(seed_registry, call_id="call-42", args={"name": "Ada"})
+    llm.script(Reply(tool_calls=[("session_info", {})]), Reply(text="ok"))
+    await speech(session.user_turn("who am i"))
+    assert tool_results(llm.requests[1]) == ['{"id": "call-42", "name": "Ada"}']
+    llm.script(Reply(text="ok"))
+    await speech(session.user_turn("again"))
+    assert session.state["turns"] == 2

@@ -84,3 +84,12 @@ def guard_cancel():
 @EventTrigger(event="no-input")
 def still_there():
     respond("Are you still there?")
+
+
+def classify_request() -> dict:
+    """What the caller wants (book, change or cancel), by the offline intent matcher."""
+    said = history.last_user_utterance or ""
+    best = flows.booking.match_intent(said).best
+    if best is None:
+        return {"intent": None}
+    return {"intent": best.intent, "confidence": round(best.confidence, 2), **best.parameters}
