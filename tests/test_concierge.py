@@ -83,7 +83,6 @@ async def test_code_can_use_the_flow_matcher_on_the_last_utterance(
     await speech(session.start())
     llm.script(Reply(tool_calls=[("classify_request", {})]), Reply(text="Let's cancel it."))
     await speech(session.user_turn("i want to cancel my reservation"))
-    result = json.loads(
-        [m for m in llm.requests[1]["messages"] if m["role"] == "tool"][0]["content"]
-    )
+    tool_message = next(m for m in llm.requests[1]["messages"] if m["role"] == "tool")
+    result = json.loads(tool_message["content"])
     assert result["intent"] == "cancel_booking"
