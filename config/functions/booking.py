@@ -27,20 +27,11 @@ def book_table(party_size: int, when: str, name: str, phone: str, seating: str =
         phone: The caller's phone number, digits only.
         seating: indoor or terrace.
     """
-    if not 1 <= party_size <= 12:
-        raise ToolError("we can seat parties of one to twelve people")
     key = secrets.get("booking_code_key") or _DEMO_KEY
-    code = bookings_db.confirmation_code(key, phone, when, party_size)
-    bookings_db.save(
-        {
-            "code": code,
-            "phone": phone,
-            "name": name,
-            "party_size": party_size,
-            "at": when,
-            "seating": seating,
-        }
-    )
+    try:
+        code = bookings_db.book(key, party_size, when, name, phone, seating)
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
     state["booking_code"] = code
     return {
         "code": code,

@@ -47,6 +47,18 @@ def spoken_datetime(at: str) -> str:
     return f"{moment.strftime('%A, %B')} {moment.day} at {hour}{minutes} {moment.strftime('%p')}"
 
 
+def book(key: str, party_size: int, when: str, name: str, phone: str, seating: str) -> str:
+    """Save a booking; returns its confirmation code. ValueError for a party we cannot seat."""
+    if not 1 <= party_size <= 12:
+        raise ValueError("we can seat parties of one to twelve people")
+    code = confirmation_code(key, phone, when, party_size)
+    save(
+        {"code": code, "phone": phone, "name": name, "party_size": party_size, "at": when,
+         "seating": seating}
+    )
+    return code
+
+
 def save(row: dict[str, Any]) -> None:
     with _connect() as connection:
         connection.execute(
