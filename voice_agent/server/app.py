@@ -196,6 +196,11 @@ class VoiceServer:
     async def start(self) -> None:
         for agent in self.registry.agents.values():
             self.engines(agent)
+        # A first decoder costs up to half a second with the full model: pay it before calls.
+        for stt in self._shared_stt.values():
+            warm_up = getattr(stt, "warm_up", None)
+            if warm_up is not None:
+                await warm_up(1)
         self._server = await serve(
             self._handler,
             self.host,

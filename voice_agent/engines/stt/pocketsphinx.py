@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # Words the decoder emits that are not speech.
 _FILLERS = {"<s>", "</s>", "<sil>"}
 _NOISE_SEED = 0x5EED
+_SILENT_RMS = 8.0  # about -72 dBFS: below any real line noise
 _FRAME_SAMPLES = SAMPLE_RATE // 100
 _FRAME_BYTES = _FRAME_SAMPLES * SAMPLE_WIDTH
 
@@ -207,7 +208,8 @@ class PocketsphinxStream:
         # audio has spectral holes; the wideband acoustic model's log-spectral features then
         # take extreme values and recognition collapses (WER 0.40 -> 0.06 on 8 kHz speech).
         # Faint white noise fills the holes. Its level follows the loudest 10 ms frame so far:
-        # a fixed level that suits loud speech drowns quiet speech.
+        # a fixed level that suits loud speech drowns quiet speech. (Near-)digital silence is
+        # left alone: hiss there after a loud sound reads as fricatives (a cough became "half").
         samples = np.frombuffer(chunk, dtype=np.int16).astype(np.float32)
         count = -(-samples.shape[0] // _FRAME_SAMPLES)
         frames = np.zeros(count * _FRAME_SAMPLES, dtype=np.float32)
@@ -216,6 +218,7 @@ class PocketsphinxStream:
         rms = np.sqrt(np.mean(frames * frames, axis=1))
         levels = np.maximum.accumulate(np.maximum(rms, self._level))
         self._level = float(levels[-1])
+        levels[rms < _SILENT_RMS] = 0.0
         noise = self._rng.standard_normal(frames.shape, dtype=np.float32)
         frames += noise * (levels * self._noise_ratio)[:, None]
         out = frames.reshape(-1)[: samples.shape[0]]
