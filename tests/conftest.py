@@ -17,6 +17,21 @@ from voice_agent.runtime.secrets import Secrets
 from voice_agent.runtime.session import AgentEvent, AgentSpeech, AgentSpeechEnd
 
 FIXTURES = Path(__file__).parent / "fixtures"
+MEASUREMENTS: list[str] = []
+
+
+def report(line: str) -> None:
+    """A measurement a test wants printed at the end of the run (accuracy, error rates)."""
+    MEASUREMENTS.append(line)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if MEASUREMENTS:
+        terminalreporter.section("measurements")
+        for line in MEASUREMENTS:
+            terminalreporter.write_line(line)
+
+
 SECRET_VALUE = "sk-canary-7f3a9c2e1d"
 
 
