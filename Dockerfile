@@ -10,5 +10,8 @@ COPY config/ config/
 RUN useradd --create-home --uid 10001 agent && mkdir -p /data && chown agent /data
 USER agent
 VOLUME ["/data"]
+ENV OPENBLAS_NUM_THREADS=1
+EXPOSE 8765
 ENTRYPOINT ["/app/.venv/bin/voice-agent"]
-CMD ["chat", "--config", "config/agents.yaml"]
+# No access control yet (see the operations issue): publish the port only where you trust the network.
+CMD ["serve", "--config", "config/agents.yaml", "--host", "0.0.0.0", "--port", "8765"]
