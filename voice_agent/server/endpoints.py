@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from websockets.asyncio.server import ServerConnection
@@ -31,6 +32,13 @@ TWILIO_FRAME_BYTES = twilio.FRAME_BYTES
 StartCall = Callable[..., Awaitable[CallPipeline]]
 
 
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    message: str | bytes | None  # None: close the connection with `close`
+    is_audio: bool = False
+    close: tuple[int, str] | None = None
+
+
 class SocketOutbound:
     """Queues what the pipeline sends; one task writes it to the socket in order."""
 
@@ -48,53 +56,55 @@ class SocketOutbound:
         self._encode_mark = mark
         self._encode_clear = clear
         self._encode_event = event
-        self._queue: asyncio.Queue[str | bytes | tuple[int, str]] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self._task = asyncio.ensure_future(self._send_forever())
         self.overflowed = False
 
-    def _put(self, message: str | bytes | tuple[int, str]) -> None:
+    def _put(self, item: _Outgoing) -> None:
         if self.overflowed:
             return
         if self._queue.qsize() >= MAX_OUTBOUND_MESSAGES:
             self.overflowed = True
-            self._queue.put_nowait((POLICY_VIOLATION, "client is not reading: outbound queue full"))
+            reason = "client is not reading: outbound queue full"
+            self._queue.put_nowait(_Outgoing(None, close=(POLICY_VIOLATION, reason)))
             return
-        self._queue.put_nowait(message)
+        self._queue.put_nowait(item)
 
     def audio(self, data: bytes) -> None:
         for message in self._encode_audio(data):
-            self._put(message)
+            self._put(_Outgoing(message, is_audio=True))
 
     def mark(self, name: str) -> None:
-        self._put(self._encode_mark(name))
+        self._put(_Outgoing(self._encode_mark(name)))
 
     def clear(self) -> None:
         # Audio still queued here would play after the clear: drop it too.
         kept = []
         while not self._queue.empty():
             item = self._queue.get_nowait()
-            if not isinstance(item, bytes) and not (isinstance(item, str) and '"media"' in item):
+            if not item.is_audio:
                 kept.append(item)
         for item in kept:
             self._queue.put_nowait(item)
-        self._put(self._encode_clear())
+        self._put(_Outgoing(self._encode_clear()))
 
     def event(self, payload: dict[str, Any]) -> None:
         message = self._encode_event(payload)
         if message is not None:
-            self._put(message)
+            self._put(_Outgoing(message))
 
     def close(self, code: int, reason: str) -> None:
-        self._put((code, reason))
+        self._put(_Outgoing(None, close=(code, reason)))
 
     async def _send_forever(self) -> None:
         try:
             while True:
                 item = await self._queue.get()
-                if isinstance(item, tuple):
-                    await self._ws.close(*item)
+                if item.message is None:
+                    code, reason = item.close or (1000, "")
+                    await self._ws.close(code, reason)
                     return
-                await self._ws.send(item)
+                await self._ws.send(item.message)
         except ConnectionClosed:
             return
 
