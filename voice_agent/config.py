@@ -223,10 +223,29 @@ class AgentConfig(_Strict):
         return self
 
 
+class IceServer(_Strict):
+    """A STUN or TURN server for browsers behind NAT; localhost and LAN calls need none."""
+
+    urls: list[str] = Field(min_length=1)
+    username: str | None = None
+    credential: str | None = None
+
+
+class WebRtcSettings(_Strict):
+    ice_servers: list[IceServer] = Field(default_factory=list)
+    # Pages on these origins may call; the server's own origin always may.
+    allowed_origins: list[str] = Field(default_factory=list)
+    # Callers must present it (`?token=` or `Authorization: Bearer`); the VOICE_AGENT_TOKEN
+    # environment variable sets it without writing it into the file.
+    token: str | None = None
+    ice_timeout_s: float = Field(default=15.0, gt=0)
+
+
 class Config(_Strict):
     default_agent: str
     agents: dict[str, AgentConfig]
     voice: VoiceSettings = VoiceSettings()
+    webrtc: WebRtcSettings = WebRtcSettings()
 
 
 def _check_references(config: Config, file: str) -> None:

@@ -1,17 +1,21 @@
 """The voice server: one asyncio process, HTTP and WebSocket on one port (the `websockets` server).
 
-HTTP: /healthz, /calls, /calls/{id}. WebSocket: /twilio (Twilio Media Streams) and /ws (native).
+HTTP: /healthz, /calls, /calls/{id}, /agents and the browser call page (/ and /static/).
+WebSocket: /twilio (Twilio Media Streams), /ws (native) and /rtc (WebRTC signalling).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import http
 import json
 import logging
+import os
 import signal
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -27,7 +31,10 @@ from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.session import CallSession
 from voice_agent.server.calls import CallRecord, CallStore, MemoryCallStore
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
+from voice_agent.server.pages import static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
+from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
+from voice_agent.server.webrtc import RtcGateway
 from voice_agent.transports import native, twilio
 
 log = logging.getLogger("voice_agent.server")
@@ -58,6 +65,9 @@ class VoiceServer:
         self._shared_tts: dict[str, Any] = {}
         self._server: Server | None = None
         self._closing = False
+        settings = registry.loaded.config.webrtc
+        self.rtc = RtcGateway(self.start_call, settings)
+        self.token = os.environ.get("VOICE_AGENT_TOKEN") or settings.token
 
     # ---- engines -------------------------------------------------------------------------
 
@@ -166,17 +176,63 @@ class VoiceServer:
 
     # ---- HTTP and WebSocket --------------------------------------------------------------
 
+    def _authorised(self, request: Request) -> bool:
+        """The browser pages and /rtc need the token when one is configured."""
+        if not self.token:
+            return True
+        given = parse_qs(urlsplit(request.path).query).get("token", [""])[0]
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            given = header[len("Bearer ") :]
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def _origin_allowed(self, request: Request) -> bool:
+        """Browsers send Origin on WebSocket upgrades; a page elsewhere must be listed."""
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return True  # not a browser
+        if origin in self.rtc.settings.allowed_origins:
+            return True
+        return urlsplit(origin).netloc == request.headers.get("Host", "")
+
+    def _agents(self) -> dict[str, Any]:
+        return {
+            "default": self.registry.loaded.config.default_agent,
+            "agents": [
+                {"name": name, "description": agent.config.description}
+                for name, agent in self.registry.agents.items()
+            ],
+            "webrtc": WEBRTC_AVAILABLE,
+            "ice_servers": self.rtc.ice_servers(),
+        }
+
     def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        if path in ("/twilio", "/ws"):
+        browser_facing = path in ("/", "/agents", "/rtc") or path.startswith("/static/")
+        if browser_facing and not self._authorised(request):
+            return _json(http.HTTPStatus.UNAUTHORIZED, {"error": "a valid token is required"})
+        if path in ("/twilio", "/ws", "/rtc"):
+            if path == "/rtc" and not self._origin_allowed(request):
+                origin = request.headers.get("Origin", "")
+                return _json(
+                    http.HTTPStatus.FORBIDDEN,
+                    {"error": f"origin {origin[:100]!r} may not call: see webrtc.allowed_origins"},
+                )
             if self._closing:
                 return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
             return None  # the WebSocket handshake goes on
         if path == "/healthz":
             return _json(
                 http.HTTPStatus.OK,
-                {"status": "ok", "version": __version__, "live_calls": self.store.live_count()},
+                {
+                    "status": "ok",
+                    "version": __version__,
+                    "live_calls": self.store.live_count(),
+                    "webrtc_peers": len(self.rtc.peers),
+                },
             )
+        if path == "/agents":
+            return _json(http.HTTPStatus.OK, self._agents())
         if path == "/calls":
             return _json(http.HTTPStatus.OK, [r.summary() for r in self.store.recent()])
         if path.startswith("/calls/"):
@@ -184,12 +240,17 @@ class VoiceServer:
             if record is None:
                 return _json(http.HTTPStatus.NOT_FOUND, {"error": "no such call"})
             return _json(http.HTTPStatus.OK, record.as_json())
+        page = static_response(path)
+        if page is not None:
+            return page
         return _json(http.HTTPStatus.NOT_FOUND, {"error": f"nothing at {path}"})
 
     async def _handler(self, ws: ServerConnection) -> None:
         path = ws.request.path.split("?", 1)[0] if ws.request else ""
         if path == "/twilio":
             await twilio_endpoint(ws, self.start_call)
+        elif path == "/rtc":
+            await self.rtc.endpoint(ws)
         else:
             await native_endpoint(ws, self.start_call)
 

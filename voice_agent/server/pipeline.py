@@ -225,6 +225,13 @@ class CallPipeline:
             elif isinstance(action, core.CommitReply):
                 if self.session.conversation.is_pending(action.reply_id):
                     self.session.commit_reply(action.reply_id, action.heard)
+                    self.out.event(
+                        {
+                            "type": "committed",
+                            "reply_id": action.reply_id,
+                            "text": action.heard or "",
+                        }
+                    )
             elif isinstance(action, core.RaiseEvent):
                 self._queue_event(action.name, {})
             elif isinstance(action, core.Audit):
