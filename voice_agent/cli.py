@@ -66,8 +66,10 @@ async def _serve(args: argparse.Namespace) -> int:
         await server.start()
         agent = registry.default_agent
         ws = f"ws://{server.host}:{server.port}"
+        token_hint = "?token=YOUR-TOKEN" if server.token else ""
         print(
             f"voice_agent {__version__} serving agent {agent!r} on {server.url}\n"
+            f"  call it in a browser: {server.url}/{token_hint}\n"
             f'  Twilio Media Streams: <Connect><Stream url="{ws}/twilio"> (via a tunnel)\n'
             f"  native WebSocket:     {ws}/ws\n"
             f"  call records:         {server.url}/calls\n"
