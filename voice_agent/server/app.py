@@ -208,7 +208,8 @@ class VoiceServer:
 
     def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        browser_facing = path in ("/", "/agents", "/rtc") or path.startswith("/static/")
+        # /static/ holds only the page's public script and styles, which load without a token.
+        browser_facing = path in ("/", "/agents", "/rtc")
         if browser_facing and not self._authorised(request):
             return _json(http.HTTPStatus.UNAUTHORIZED, {"error": "a valid token is required"})
         if path in ("/twilio", "/ws", "/rtc"):
