@@ -139,6 +139,22 @@ async def test_barge_in_commits_what_the_browser_played(server: VoiceServer) -> 
     assert barge_in and barge_in[0]["unheard"], "the audit keeps what was not heard"
 
 
+async def test_a_keypad_press_on_the_data_channel_reaches_the_event_trigger(
+    server: VoiceServer,
+) -> None:
+    rtc = caller(server)
+    await rtc.connect()
+    await rtc.wait_event(lambda e: e["type"] == "committed" and e["reply_id"] == 1)
+    rtc.channel.send(json.dumps({"type": "dtmf", "digit": "0"}))
+    rtc.channel.send(json.dumps({"type": "dtmf", "digit": "55"}))
+    warning = await rtc.wait_event(lambda e: e["type"] == "error")
+    hours = await rtc.wait_event(lambda e: e["type"] == "agent_text" and e["reply_id"] != 1)
+    await rtc.wait_event(lambda e: e["type"] == "committed" and e["reply_id"] == hours["reply_id"])
+    await rtc.hang_up()
+    assert warning["code"] == "invalid_message"
+    assert hours["text"] == "We're open every day from noon to eleven pm."
+
+
 async def test_malformed_sdp_gets_an_error_and_a_close(server: VoiceServer) -> None:
     async with connect(f"ws://127.0.0.1:{server.port}/rtc") as ws:
         await ws.send(json.dumps({"type": "offer", "sdp": "hello"}))
