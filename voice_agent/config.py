@@ -241,11 +241,30 @@ class WebRtcSettings(_Strict):
     ice_timeout_s: float = Field(default=15.0, gt=0)
 
 
+class ServerSettings(_Strict):
+    """Where call records go, who may connect, and how long records are kept."""
+
+    # "sqlite" (calls.db in the data directory), "sqlite:///path/to/calls.db", or a
+    # "postgresql://user:password@host:5432/db" URL for deployments on several hosts.
+    store: str = "sqlite"
+    data_dir: str | None = None  # default: $VOICE_AGENT_DATA_DIR, else ./data
+    retention_days: float | None = Field(default=30.0, gt=0)  # None keeps calls forever
+    recording: bool = False  # both directions of each call to a compressed audio file
+    # Names of secrets (`voice-agent secrets set NAME`) holding the accepted bearer tokens.
+    api_tokens: list[str] = Field(default_factory=list)
+    # Name of the secret holding Twilio's auth token: /twilio then checks X-Twilio-Signature.
+    twilio_auth_token: str | None = None
+    # Without a token the server binds to loopback only; this overrides that refusal.
+    allow_public_without_token: bool = False
+    max_failed_auth_per_minute: int = Field(default=10, ge=1)
+
+
 class Config(_Strict):
     default_agent: str
     agents: dict[str, AgentConfig]
     voice: VoiceSettings = VoiceSettings()
     webrtc: WebRtcSettings = WebRtcSettings()
+    server: ServerSettings = ServerSettings()
 
 
 def _check_references(config: Config, file: str) -> None:
