@@ -257,6 +257,10 @@ class ServerSettings(_Strict):
     # Without a token the server binds to loopback only; this overrides that refusal.
     allow_public_without_token: bool = False
     max_failed_auth_per_minute: int = Field(default=10, ge=1)
+    # Admission control, per worker process: beyond any of these, new calls are refused.
+    max_calls: int = Field(default=200, ge=1)
+    max_loop_lag_ms: float | None = Field(default=150.0, gt=0)
+    max_cpu_percent: float | None = Field(default=None, gt=0)
 
 
 class Config(_Strict):

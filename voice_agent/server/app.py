@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import weakref
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -29,6 +30,7 @@ from voice_agent.engines.tts import TtsConfig, make_tts
 from voice_agent.engines.vad import VadConfig, make_vad
 from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.session import CallSession
+from voice_agent.server.admission import RETRY_AFTER_S, TRY_AGAIN_LATER, Admission, CpuSampler
 from voice_agent.server.calls import CallRecord, CallStore, MemoryCallStore
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
 from voice_agent.server.pages import static_response
@@ -36,6 +38,7 @@ from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
 from voice_agent.transports import native, twilio
+from voice_agent.transports.errors import close_reason
 
 log = logging.getLogger("voice_agent.server")
 
@@ -67,6 +70,20 @@ class VoiceServer:
         self._closing = False
         settings = registry.loaded.config.webrtc
         self.rtc = RtcGateway(self.start_call, settings)
+        server_settings = registry.loaded.config.server
+        self.admission = Admission(
+            max_calls=server_settings.max_calls,
+            max_loop_lag_ms=server_settings.max_loop_lag_ms,
+            max_cpu_percent=server_settings.max_cpu_percent,
+        )
+        self.cpu = CpuSampler()
+        self.loop_lag_ms = 0.0  # kept current by the loop-lag monitor
+        self.refused_calls = 0
+        # Connections in a call endpoint: calls still being set up count against max_calls too.
+        self._call_connections = 0
+        self._refusals: weakref.WeakKeyDictionary[ServerConnection, str] = (
+            weakref.WeakKeyDictionary()
+        )
         self.token = os.environ.get("VOICE_AGENT_TOKEN") or settings.token
 
     # ---- engines -------------------------------------------------------------------------
@@ -220,7 +237,21 @@ class VoiceServer:
                     {"error": f"origin {origin[:100]!r} may not call: see webrtc.allowed_origins"},
                 )
             if self._closing:
-                return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
+                response = connection.respond(
+                    http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n"
+                )
+                response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                return response
+            refusal = self.admission.decide(
+                live_calls=max(self.store.live_count(), self._call_connections),
+                loop_lag_ms=self.loop_lag_ms,
+                cpu_percent=self.cpu.sample(),
+            )
+            if refusal is not None:
+                # The handshake completes so the caller gets a WebSocket close code it knows.
+                self.refused_calls += 1
+                self._refusals[connection] = refusal.message
+                log.warning("call refused on %s: %s", path, refusal.message)
             return None  # the WebSocket handshake goes on
         if path == "/healthz":
             return _json(
@@ -247,13 +278,21 @@ class VoiceServer:
         return _json(http.HTTPStatus.NOT_FOUND, {"error": f"nothing at {path}"})
 
     async def _handler(self, ws: ServerConnection) -> None:
+        refused = self._refusals.pop(ws, None)
+        if refused is not None:
+            await ws.close(TRY_AGAIN_LATER, close_reason(refused))
+            return
         path = ws.request.path.split("?", 1)[0] if ws.request else ""
-        if path == "/twilio":
-            await twilio_endpoint(ws, self.start_call)
-        elif path == "/rtc":
-            await self.rtc.endpoint(ws)
-        else:
-            await native_endpoint(ws, self.start_call)
+        self._call_connections += 1
+        try:
+            if path == "/twilio":
+                await twilio_endpoint(ws, self.start_call)
+            elif path == "/rtc":
+                await self.rtc.endpoint(ws)
+            else:
+                await native_endpoint(ws, self.start_call)
+        finally:
+            self._call_connections -= 1
 
     async def start(self) -> None:
         for agent in self.registry.agents.values():

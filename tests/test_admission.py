@@ -1,0 +1,84 @@
+"""Admission control decisions, with the load figures given directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from websockets.asyncio.client import connect
+
+from voice_agent.callers import NativeClient
+from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.server.admission import Admission, CpuSampler
+from voice_agent.server.app import VoiceServer
+
+ROOT = Path(__file__).parent.parent
+
+
+def admission() -> Admission:
+    return Admission(max_calls=3, max_loop_lag_ms=100, max_cpu_percent=90)
+
+
+def test_calls_are_admitted_below_every_limit() -> None:
+    assert admission().decide(live_calls=2, loop_lag_ms=20, cpu_percent=50) is None
+
+
+def test_the_call_beyond_max_calls_is_refused() -> None:
+    refusal = admission().decide(live_calls=3, loop_lag_ms=0, cpu_percent=0)
+    assert refusal is not None and refusal.reason == "max_calls"
+    assert "3 calls" in refusal.message
+
+
+def test_a_late_event_loop_or_a_busy_cpu_refuses_new_calls() -> None:
+    lag = admission().decide(live_calls=0, loop_lag_ms=250, cpu_percent=0)
+    cpu = admission().decide(live_calls=0, loop_lag_ms=0, cpu_percent=97)
+    assert lag is not None and lag.reason == "loop_lag" and "250 ms" in lag.message
+    assert cpu is not None and cpu.reason == "cpu"
+
+
+def test_limits_can_be_switched_off() -> None:
+    relaxed = Admission(max_calls=10, max_loop_lag_ms=None, max_cpu_percent=None)
+    assert relaxed.decide(live_calls=9, loop_lag_ms=5000, cpu_percent=400) is None
+
+
+def test_cpu_is_sampled_over_an_interval() -> None:
+    now, cpu = [0.0], [0.0]
+    sampler = CpuSampler(clock=lambda: now[0], cpu_time=lambda: cpu[0], interval_s=1.0)
+    now[0], cpu[0] = 0.5, 0.4
+    assert sampler.sample() == 0.0  # not a whole interval yet
+    now[0], cpu[0] = 2.0, 1.5
+    assert sampler.sample() == 75.0
+
+
+async def test_a_call_beyond_max_calls_is_refused_while_the_others_complete(
+    tmp_path: Path,
+) -> None:
+    data = yaml.safe_load((ROOT / "config" / "agents.yaml").read_text())
+    for agent in data["agents"].values():
+        for key in ("functions", "intents"):
+            if key in agent:
+                agent[key] = str(ROOT / "config" / agent[key])
+    data["server"] = {"max_calls": 2, "max_loop_lag_ms": None}
+    config = tmp_path / "agents.yaml"
+    config.write_text(yaml.safe_dump(data))
+    registry = AgentRegistry.from_file(config)
+    server = VoiceServer(registry, port=0)
+    await server.start()
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    try:
+        first, second = NativeClient(url, timeout=30), NativeClient(url, timeout=30)
+        await first.connect()
+        await second.connect()
+        async with connect(url) as third:
+            await third.wait_closed()
+        assert third.close_code == 1013
+        assert third.close_reason and "limit of 2 calls" in third.close_reason
+        assert server.refused_calls == 1
+        # The admitted calls go on: each hears its greeting in full.
+        for caller in (first, second):
+            await caller.wait_silence_after_audio(300)
+            assert caller.received_ms > 3000
+            await caller.stop()
+    finally:
+        await server.shutdown(1)
+        await registry.aclose()
