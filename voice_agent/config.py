@@ -135,6 +135,9 @@ class SttSettings(_Strict):
     model: str | None = None
     base_url: str | None = None
     api_key: str | None = None
+    # pocketsphinx decodes in this many worker processes (its decoder holds the GIL, so in
+    # threads it would stall every call's audio); None: one per CPU core; 0: in-process threads.
+    processes: int | None = Field(default=None, ge=0)
 
 
 class TtsSettings(_Strict):
