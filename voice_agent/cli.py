@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
+import subprocess
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -18,6 +21,7 @@ from voice_agent.secrets_cli import add_secrets_parser
 from voice_agent.simulator import chat
 
 DEFAULT_CONFIG = "config/agents.yaml"
+WORKERS_ENV = "VOICE_AGENT_WORKERS"  # tells each worker how many share the machine
 
 
 def _variables(pairs: Sequence[str]) -> dict[str, str]:
@@ -56,19 +60,54 @@ async def _call(args: argparse.Namespace) -> int:
     )
 
 
+def _serve_workers(args: argparse.Namespace) -> int:
+    """`--workers N`: N server processes share the port (SO_REUSEPORT); each owns its calls."""
+    if args.port == 0:
+        raise VoiceAgentError("--workers needs a fixed --port: the workers must share it")
+    command = [sys.executable, "-m", "voice_agent.cli", "serve", "--config", args.config]
+    command += ["--host", args.host, "--port", str(args.port), "--reuse-port"]
+    if args.data_dir:
+        command += ["--data-dir", args.data_dir]
+    children = [
+        subprocess.Popen(
+            [*command, "--worker-id", str(index)],
+            env={**os.environ, WORKERS_ENV: str(args.workers)},
+        )
+        for index in range(args.workers)
+    ]
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    # One worker failing to start (a bad config, a port in use) stops them all.
+    codes = [child.wait() for child in children]
+    return max(codes, key=abs)
+
+
 async def _serve(args: argparse.Namespace) -> int:
     from voice_agent.server.app import VoiceServer
 
     logging.getLogger("websockets.server").setLevel(logging.WARNING)  # one line per HTTP request
     registry = _registry(args)
-    server = VoiceServer(registry, host=args.host, port=args.port)
+    server = VoiceServer(
+        registry,
+        host=args.host,
+        port=args.port,
+        reuse_port=args.reuse_port,
+        worker_id=args.worker_id,
+    )
     try:
         await server.start()
         agent = registry.default_agent
         ws = f"ws://{server.host}:{server.port}"
         token_hint = "?token=YOUR-TOKEN" if server.token else ""
+        worker = f" (worker {args.worker_id})" if args.reuse_port else ""
         print(
-            f"voice_agent {__version__} serving agent {agent!r} on {server.url}\n"
+            f"voice_agent {__version__} serving agent {agent!r} on {server.url}{worker}\n"
             f"  call it in a browser: {server.url}/{token_hint}\n"
             f'  Twilio Media Streams: <Connect><Stream url="{ws}/twilio"> (via a tunnel)\n'
             f"  native WebSocket:     {ws}/ws\n"
@@ -127,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(serve_parser)
     serve_parser.add_argument("--host", default="127.0.0.1")
     serve_parser.add_argument("--port", type=int, default=8765)
+    serve_parser.add_argument(
+        "--workers", type=int, default=1, help="server processes sharing the port (Linux)"
+    )
+    serve_parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    serve_parser.add_argument("--worker-id", type=int, default=0, help=argparse.SUPPRESS)
     serve_parser.set_defaults(run=_serve)
 
     check_parser = commands.add_parser("check", help="validate a config and list its agents")
@@ -149,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
+        if getattr(args, "workers", 1) > 1:
+            return _serve_workers(args)
         if hasattr(args, "run"):
             return int(_run(args.run(args)))
         return int(args.func(args))

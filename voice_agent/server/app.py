@@ -57,10 +57,14 @@ class VoiceServer:
         host: str = "127.0.0.1",
         port: int = 8765,
         store: CallStore | None = None,
+        reuse_port: bool = False,
+        worker_id: int = 0,
     ) -> None:
         self.registry = registry
         self.host = host
         self.port = port
+        self.reuse_port = reuse_port
+        self.worker_id = worker_id
         self.store: CallStore = store if store is not None else MemoryCallStore()
         self.pipelines: dict[str, CallPipeline] = {}
         self._engines: dict[str, Engines] = {}
@@ -261,6 +265,10 @@ class VoiceServer:
                     "version": __version__,
                     "live_calls": self.store.live_count(),
                     "webrtc_peers": len(self.rtc.peers),
+                    "worker": self.worker_id,
+                    "pid": os.getpid(),
+                    "loop_lag_ms": round(self.loop_lag_ms, 1),
+                    "refused_calls": self.refused_calls,
                 },
             )
         if path == "/agents":
@@ -309,6 +317,7 @@ class VoiceServer:
             process_request=self.process_request,
             max_size=max(twilio.WEBSOCKET_MAX_SIZE, native.WEBSOCKET_MAX_SIZE),
             compression=None,
+            reuse_port=self.reuse_port or None,
         )
         sockets = list(self._server.sockets)
         if sockets:
