@@ -21,6 +21,7 @@ from websockets.exceptions import InvalidStatus
 from tests.support.rtc_caller import RtcCaller
 from voice_agent.audio.wav import read_wav
 from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.runtime.secrets import Secrets
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
@@ -65,9 +66,18 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voic
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def guarded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
-    settings = {"token": TOKEN, "allowed_origins": ["https://app.example.com"]}
-    async for voice_server in serving(config_with(tmp_path_factory.mktemp("guard"), settings)):
-        yield voice_server
+    config = config_with(
+        tmp_path_factory.mktemp("guard"), {"allowed_origins": ["https://app.example.com"]}
+    )
+    data = yaml.safe_load(config.read_text())
+    data["server"] = {"api_tokens": ["page_token"]}
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    registry = AgentRegistry.from_file(config, Secrets({"page_token": TOKEN}))
+    voice_server = VoiceServer(registry, port=0)
+    await voice_server.start()
+    yield voice_server
+    await voice_server.shutdown(1)
+    await registry.aclose()
 
 
 def caller(server: VoiceServer, **kwargs: Any) -> RtcCaller:

@@ -90,6 +90,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> int:
     from voice_agent.server.app import VoiceServer
+    from voice_agent.server.auth import check_bind, startup_notices
 
     logging.getLogger("websockets.server").setLevel(logging.WARNING)  # one line per HTTP request
     registry = _registry(args)
@@ -100,11 +101,25 @@ async def _serve(args: argparse.Namespace) -> int:
         reuse_port=args.reuse_port,
         worker_id=args.worker_id,
     )
+    settings = registry.loaded.config.server
     try:
+        problem = check_bind(
+            args.host, server.access.has_tokens, settings.allow_public_without_token
+        )
+        if problem:
+            raise VoiceAgentError(problem)
+        for line in startup_notices(
+            args.host,
+            has_tokens=server.access.has_tokens,
+            allow_public=settings.allow_public_without_token,
+            twilio_configured=server.access.twilio_configured,
+            public_url=server.access.public_url,
+        ):
+            print(line, file=sys.stderr, flush=True)
         await server.start()
         agent = registry.default_agent
         ws = f"ws://{server.host}:{server.port}"
-        token_hint = "?token=YOUR-TOKEN" if server.token else ""
+        token_hint = "?token=YOUR-TOKEN" if server.access.has_tokens else ""
         worker = f" (worker {args.worker_id})" if args.reuse_port else ""
         print(
             f"voice_agent {__version__} serving agent {agent!r} on {server.url}{worker}\n"

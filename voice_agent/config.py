@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -238,14 +239,25 @@ class WebRtcSettings(_Strict):
     ice_servers: list[IceServer] = Field(default_factory=list)
     # Pages on these origins may call; the server's own origin always may.
     allowed_origins: list[str] = Field(default_factory=list)
-    # Callers must present it (`?token=` or `Authorization: Bearer`); the VOICE_AGENT_TOKEN
-    # environment variable sets it without writing it into the file.
-    token: str | None = None
     ice_timeout_s: float = Field(default=15.0, gt=0)
 
 
 class ServerSettings(_Strict):
     """Where call records go, who may connect, and how long records are kept."""
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        from voice_agent.server.auth import validate_public_url
+
+        return validate_public_url(value) if value else value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            ipaddress.ip_network(item, strict=False)  # ValueError names the bad one
+        return value
 
     # "sqlite" (calls.db in the data directory), "sqlite:///path/to/calls.db", or a
     # "postgresql://user:password@host:5432/db" URL for deployments on several hosts.
@@ -259,6 +271,12 @@ class ServerSettings(_Strict):
     twilio_auth_token: str | None = None
     # Without a token the server binds to loopback only; this overrides that refusal.
     allow_public_without_token: bool = False
+    # The base URL clients and Twilio use (through proxies and tunnels), e.g.
+    # https://voice.example.com: the URL X-Twilio-Signature is checked against, and an origin
+    # the browser pages may call from.
+    public_url: str | None = None
+    # Proxies whose X-Forwarded-For is believed (addresses or CIDRs), for per-client limits.
+    trusted_proxies: list[str] = Field(default_factory=list)
     max_failed_auth_per_minute: int = Field(default=10, ge=1)
     # Admission control, per worker process: beyond any of these, new calls are refused.
     max_calls: int = Field(default=200, ge=1)

@@ -7,7 +7,6 @@ WebSocket: /twilio (Twilio Media Streams), /ws (native) and /rtc (WebRTC signall
 from __future__ import annotations
 
 import asyncio
-import hmac
 import http
 import json
 import logging
@@ -16,7 +15,6 @@ import signal
 import weakref
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -24,16 +22,17 @@ from websockets.http11 import Request, Response
 
 from voice_agent import __version__
 from voice_agent.audio.codec import CarrierFormat
-from voice_agent.config import SttSettings, TtsSettings, VadSettings
+from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSettings
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.tts import TtsConfig, make_tts
 from voice_agent.engines.vad import VadConfig, make_vad
 from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.session import CallSession
 from voice_agent.server.admission import RETRY_AFTER_S, TRY_AGAIN_LATER, Admission, CpuSampler
+from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, CallStore, MemoryCallStore
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
-from voice_agent.server.pages import static_response
+from voice_agent.server.pages import calls_view_response, static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
@@ -47,6 +46,35 @@ def _json(status: http.HTTPStatus, body: Any) -> Response:
     data = json.dumps(body, ensure_ascii=False, default=str).encode()
     headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     return Response(status.value, status.phrase, headers, data)
+
+
+TOKEN_ENV = "VOICE_AGENT_TOKEN"  # a token from the environment, for containers
+
+
+def access_policy(registry: AgentRegistry) -> AccessPolicy:
+    """Tokens from the secrets `server.api_tokens` names, plus $VOICE_AGENT_TOKEN."""
+    config = registry.loaded.config
+    settings = config.server
+    secrets = registry.secrets
+    tokens = tokens_from_secrets(settings.api_tokens, secrets)
+    if os.environ.get(TOKEN_ENV):
+        tokens.append(os.environ[TOKEN_ENV])
+    twilio_name = settings.twilio_auth_token
+    if twilio_name and twilio_name not in secrets:
+        raise ConfigError(
+            f"server.twilio_auth_token names secret {twilio_name!r}, which is not set: "
+            f"voice-agent secrets set {twilio_name}",
+            file=str(registry.loaded.path),
+            key="server.twilio_auth_token",
+        )
+    return AccessPolicy(
+        tokens,
+        twilio_auth_token=secrets[twilio_name] if twilio_name else None,
+        allowed_origins=config.webrtc.allowed_origins,
+        public_url=settings.public_url,
+        allow_public=settings.allow_public_without_token,
+        max_failed_auth_per_minute=settings.max_failed_auth_per_minute,
+    )
 
 
 class VoiceServer:
@@ -88,7 +116,7 @@ class VoiceServer:
         self._refusals: weakref.WeakKeyDictionary[ServerConnection, str] = (
             weakref.WeakKeyDictionary()
         )
-        self.token = os.environ.get("VOICE_AGENT_TOKEN") or settings.token
+        self.access = access_policy(registry)
 
     # ---- engines -------------------------------------------------------------------------
 
@@ -197,25 +225,6 @@ class VoiceServer:
 
     # ---- HTTP and WebSocket --------------------------------------------------------------
 
-    def _authorised(self, request: Request) -> bool:
-        """The browser pages and /rtc need the token when one is configured."""
-        if not self.token:
-            return True
-        given = parse_qs(urlsplit(request.path).query).get("token", [""])[0]
-        header = request.headers.get("Authorization", "")
-        if header.startswith("Bearer "):
-            given = header[len("Bearer ") :]
-        return hmac.compare_digest(given.encode(), self.token.encode())
-
-    def _origin_allowed(self, request: Request) -> bool:
-        """Browsers send Origin on WebSocket upgrades; a page elsewhere must be listed."""
-        origin = request.headers.get("Origin")
-        if origin is None:
-            return True  # not a browser
-        if origin in self.rtc.settings.allowed_origins:
-            return True
-        return urlsplit(origin).netloc == request.headers.get("Host", "")
-
     def _agents(self) -> dict[str, Any]:
         return {
             "default": self.registry.loaded.config.default_agent,
@@ -229,17 +238,15 @@ class VoiceServer:
 
     def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        # /static/ holds only the page's public script and styles, which load without a token.
-        browser_facing = path in ("/", "/agents", "/rtc")
-        if browser_facing and not self._authorised(request):
-            return _json(http.HTTPStatus.UNAUTHORIZED, {"error": "a valid token is required"})
+        peer = connection.remote_address[0] if connection.remote_address else None
+        trusted = self.registry.loaded.config.server.trusted_proxies
+        decision = self.access.check(
+            request.path, request.headers, client_address(peer, request.headers, trusted)
+        )
+        if not decision.allowed:
+            log.warning("refused %s from %s: %d %s", path, peer, decision.status, decision.reason)
+            return decision.response()
         if path in ("/twilio", "/ws", "/rtc"):
-            if path == "/rtc" and not self._origin_allowed(request):
-                origin = request.headers.get("Origin", "")
-                return _json(
-                    http.HTTPStatus.FORBIDDEN,
-                    {"error": f"origin {origin[:100]!r} may not call: see webrtc.allowed_origins"},
-                )
             if self._closing:
                 response = connection.respond(
                     http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n"
@@ -273,6 +280,9 @@ class VoiceServer:
             )
         if path == "/agents":
             return _json(http.HTTPStatus.OK, self._agents())
+        viewer = calls_view_response(path)
+        if viewer is not None:
+            return viewer
         if path == "/calls":
             return _json(http.HTTPStatus.OK, [r.summary() for r in self.store.recent()])
         if path.startswith("/calls/"):

@@ -1,4 +1,5 @@
-"""The browser page: `/` and `/static/<name>`, served from the package's `static` folder.
+"""The browser pages: `/` and `/static/<name>`, served from the package's `static` folder, and the
+call viewer's pages (`/calls/view`, `/calls/{id}/view`) through `calls_view_response`.
 
 Files are read once, on first use, through `importlib.resources`, so an installed package
 serves them as well as a source checkout. Only plain file names with a known type are served:
@@ -126,3 +127,29 @@ def static_response(path: str) -> Response | None:
     if data is None:
         return _not_found(path)
     return _file_response(name, data)
+
+
+def page_response(name: str) -> Response:
+    """One static file by its plain name (`calls.html`), or a 404 when there is no such file."""
+    data = _static_files().get(name) if _servable(name) else None
+    if data is None:
+        return _not_found(f"{STATIC_PREFIX}{name}")
+    return _file_response(name, data)
+
+
+# `/calls/{id}/view`: one path segment of an id, never `view` itself (that is the list page).
+_CALL_VIEW = re.compile(r"/calls/([^/]+)/view/?")
+
+
+def calls_view_response(path: str) -> Response | None:
+    """The call viewer's pages: the list at `/calls/view`, one call at `/calls/{id}/view`.
+
+    None for any other path. The pages are static: their scripts read the id from the URL and
+    fetch `/calls` and `/calls/{id}` (passing on a `?token=` from the page's URL).
+    """
+    path = path.split("?", 1)[0]
+    if path in ("/calls/view", "/calls/view/"):
+        return page_response("calls.html")
+    if _CALL_VIEW.fullmatch(path) is not None:
+        return page_response("call.html")
+    return None
