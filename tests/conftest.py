@@ -35,6 +35,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 SECRET_VALUE = "sk-canary-7f3a9c2e1d"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """For servers made by module-scoped fixtures, which start before per-test fixtures."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VOICE_AGENT_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("VOICE_AGENT_DATA_DIR", str(tmp_path / "data"))

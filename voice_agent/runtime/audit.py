@@ -36,6 +36,10 @@ class AuditLog:
     def subscribe(self, listener: AuditListener) -> None:
         self._listeners.append(listener)
 
+    def elapsed(self) -> float:
+        """Seconds since the call started, on the audit's clock."""
+        return self._clock() - self._start
+
     def add(self, type: str, **data: Any) -> AuditEvent:
         event = AuditEvent(type, self._clock() - self._start, self._redact(data))
         self._events.append(event)

@@ -133,6 +133,7 @@ class CallSession:
         self.last_action: dict[str, Any] = {}
         self.flow_page: dict[str, str] = {}  # current page per flow agent
         self._next_reply_id = 0
+        self._reply_started: dict[int, float] = {}
         self._reply_texts: dict[int, str] = {}
         self._tool_call_counter = 0
         self._event_depth = 0
@@ -184,7 +185,10 @@ class CallSession:
     async def start(self) -> AsyncIterator[AgentEvent]:
         """Call start: the agent's entry steps, then the `welcome` event."""
         self.audit.add(
-            "call_started", call_id=self.call_id, agent=self.agent.name, state=self.state
+            "call_started",
+            call_id=self.call_id,
+            agent=self.agent.name,
+            state=copy.deepcopy(self.state),  # as it was then, not as it ends up
         )
         async for event in self._enter_agent(StepOutcome(), welcome=True):
             yield event
@@ -228,7 +232,7 @@ class CallSession:
         outcome = StepOutcome()
         async for _ in self.run_triggers("event", outcome, event="call-ended", data={}):
             pass
-        self.audit.add("call_ended", reason=reason, state=self.state)
+        self.audit.add("call_ended", reason=reason, state=copy.deepcopy(self.state))
 
     def commit_reply(self, reply_id: int, heard: str | None) -> CommitOutcome:
         """Keep only what the caller heard of a reply; the audit keeps what was generated."""
@@ -239,6 +243,7 @@ class CallSession:
             generated=outcome.generated,
             committed=outcome.committed,
             interrupted=outcome.committed != outcome.generated,
+            started_t=self._reply_started.pop(reply_id, None),
         )
         return outcome
 
@@ -246,6 +251,8 @@ class CallSession:
 
     def begin_reply(self) -> int:
         self._next_reply_id += 1
+        # Committed later (once heard or cut): the viewer places the reply where it began.
+        self._reply_started[self._next_reply_id] = round(self.audit.elapsed(), 6)
         self.conversation.start_reply(self._next_reply_id)
         return self._next_reply_id
 

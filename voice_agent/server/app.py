@@ -14,7 +14,9 @@ import os
 import signal
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -26,16 +28,20 @@ from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSetting
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.tts import TtsConfig, make_tts
 from voice_agent.engines.vad import VadConfig, make_vad
+from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
+from voice_agent.runtime.secrets import DATA_DIR_ENV
 from voice_agent.runtime.session import CallSession
 from voice_agent.server.admission import RETRY_AFTER_S, TRY_AGAIN_LATER, Admission, CpuSampler
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
-from voice_agent.server.calls import CallRecord, CallStore, MemoryCallStore
+from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
 from voice_agent.server.pages import calls_view_response, static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
+from voice_agent.store import CallStore as DurableStore
+from voice_agent.store import open_store, outcome_for
 from voice_agent.transports import native, twilio
 from voice_agent.transports.errors import close_reason
 
@@ -77,6 +83,12 @@ def access_policy(registry: AgentRegistry) -> AccessPolicy:
     )
 
 
+def open_durable_store(registry: AgentRegistry) -> DurableStore:
+    settings = registry.loaded.config.server
+    data_dir = Path(settings.data_dir or os.environ.get(DATA_DIR_ENV) or "data")
+    return open_store(settings.store, data_dir, retention_days=settings.retention_days)
+
+
 class VoiceServer:
     def __init__(
         self,
@@ -84,7 +96,7 @@ class VoiceServer:
         *,
         host: str = "127.0.0.1",
         port: int = 8765,
-        store: CallStore | None = None,
+        store: DurableStore | None = None,
         reuse_port: bool = False,
         worker_id: int = 0,
     ) -> None:
@@ -93,7 +105,10 @@ class VoiceServer:
         self.port = port
         self.reuse_port = reuse_port
         self.worker_id = worker_id
-        self.store: CallStore = store if store is not None else MemoryCallStore()
+        # Live calls' records, for this worker; every call's record also goes to the durable
+        # store, which answers /calls and /calls/{id} for all workers and across restarts.
+        self.live = MemoryCallStore(keep_ended=0)
+        self.store: DurableStore = store if store is not None else open_durable_store(registry)
         self.pipelines: dict[str, CallPipeline] = {}
         self._engines: dict[str, Engines] = {}
         self._shared_stt: dict[tuple[str, tuple[str, ...]], Any] = {}
@@ -210,7 +225,8 @@ class VoiceServer:
             out,
             on_end=self._call_ended,
         )
-        self.store.add(record)
+        self.live.add(record)
+        self._record_durably(session, record)
         self.pipelines[session.call_id] = pipeline
         log.info(
             "call %s started on %s with agent %s", session.call_id, transport, session.agent.name
@@ -220,8 +236,33 @@ class VoiceServer:
     def _call_ended(self, pipeline: CallPipeline, reason: str) -> None:
         call_id = pipeline.session.call_id
         self.pipelines.pop(call_id, None)
-        self.store.ended(call_id, reason)
+        self.live.ended(call_id, reason)
+        self.store.call_ended(
+            call_id, ended_at=now_iso(), outcome=outcome_for(reason), reason=reason
+        )
         log.info("call %s ended: %s", call_id, reason)
+
+    def _record_durably(self, session: CallSession, record: CallRecord) -> None:
+        """Feed the durable store from the call's audit log; it batches, nothing here waits."""
+        store, call_id = self.store, session.call_id
+        store.call_started(
+            call_id,
+            agent=session.agent.name,
+            transport=record.transport,
+            started_at=record.started_at,
+            state=session.public_state(),
+        )
+
+        def on_audit(event: AuditEvent) -> None:
+            store.audit(call_id, event.as_dict())
+            if event.type in ("state_change", "transition", "call_ended"):
+                store.state(call_id, session.public_state())
+            if event.type in ("user_utterance", "agent_utterance", "transition", "call_ended"):
+                store.context(call_id, session.context_view()["messages"])
+            if event.type == "turn_metrics":
+                store.turn(call_id, dict(event.data))
+
+        session.audit.subscribe(on_audit)
 
     # ---- HTTP and WebSocket --------------------------------------------------------------
 
@@ -236,7 +277,30 @@ class VoiceServer:
             "ice_servers": self.rtc.ice_servers(),
         }
 
-    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+    async def _list_calls(self, request: Request) -> Response:
+        query = parse_qs(urlsplit(request.path).query)
+
+        def one(name: str) -> str | None:
+            values = query.get(name)
+            return values[0] if values else None
+
+        try:
+            page = await self.store.list_calls(
+                limit=int(one("limit") or 50),
+                offset=int(one("offset") or 0),
+                agent=one("agent"),
+                outcome=one("outcome"),
+                since=one("since"),
+                until=one("until"),
+                text=one("text") or one("q"),
+            )
+        except ValueError as exc:
+            return _json(http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        return _json(http.HTTPStatus.OK, page)
+
+    async def process_request(
+        self, connection: ServerConnection, request: Request
+    ) -> Response | None:
         path = request.path.split("?", 1)[0]
         peer = connection.remote_address[0] if connection.remote_address else None
         trusted = self.registry.loaded.config.server.trusted_proxies
@@ -254,7 +318,7 @@ class VoiceServer:
                 response.headers["Retry-After"] = str(RETRY_AFTER_S)
                 return response
             refusal = self.admission.decide(
-                live_calls=max(self.store.live_count(), self._call_connections),
+                live_calls=max(self.live.live_count(), self._call_connections),
                 loop_lag_ms=self.loop_lag_ms,
                 cpu_percent=self.cpu.sample(),
             )
@@ -270,7 +334,7 @@ class VoiceServer:
                 {
                     "status": "ok",
                     "version": __version__,
-                    "live_calls": self.store.live_count(),
+                    "live_calls": self.live.live_count(),
                     "webrtc_peers": len(self.rtc.peers),
                     "worker": self.worker_id,
                     "pid": os.getpid(),
@@ -284,12 +348,12 @@ class VoiceServer:
         if viewer is not None:
             return viewer
         if path == "/calls":
-            return _json(http.HTTPStatus.OK, [r.summary() for r in self.store.recent()])
+            return await self._list_calls(request)
         if path.startswith("/calls/"):
-            record = self.store.get(path[len("/calls/") :])
-            if record is None:
+            call = await self.store.get(path[len("/calls/") :])
+            if call is None:
                 return _json(http.HTTPStatus.NOT_FOUND, {"error": "no such call"})
-            return _json(http.HTTPStatus.OK, record.as_json())
+            return _json(http.HTTPStatus.OK, call)
         page = static_response(path)
         if page is not None:
             return page
@@ -320,6 +384,7 @@ class VoiceServer:
             warm_up = getattr(stt, "warm_up", None)
             if warm_up is not None:
                 await warm_up(1)
+        await self.store.start()
         self._server = await serve(
             self._handler,
             self.host,
@@ -353,6 +418,7 @@ class VoiceServer:
                 pipeline.out.close(1001, "server shutting down")
                 await pipeline.hang_up("server shutting down")
         await self._server.wait_closed()
+        await self.store.aclose()
         for engine in {*self._shared_tts.values(), *self._shared_stt.values()}:
             await engine.aclose()
 

@@ -1,16 +1,16 @@
-"""Call records behind one interface: live calls and a bounded number of recently ended ones."""
+"""This worker's live calls (the durable store in voice_agent.store keeps every call's record)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from voice_agent.runtime.session import CallSession
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
@@ -20,7 +20,7 @@ class CallRecord:
 
     session: CallSession
     transport: str
-    started_at: str = field(default_factory=_now_iso)
+    started_at: str = field(default_factory=now_iso)
     ended_at: str | None = None
     end_reason: str | None = None
     turns: list[dict[str, Any]] = field(default_factory=list)
@@ -49,14 +49,6 @@ class CallRecord:
         }
 
 
-class CallStore(Protocol):
-    def add(self, record: CallRecord) -> None: ...
-    def ended(self, call_id: str, reason: str) -> None: ...
-    def get(self, call_id: str) -> CallRecord | None: ...
-    def recent(self, limit: int = 50) -> list[CallRecord]: ...
-    def live_count(self) -> int: ...
-
-
 class MemoryCallStore:
     """Keeps every live call and the last `keep_ended` ended ones (oldest dropped first)."""
 
@@ -72,7 +64,7 @@ class MemoryCallStore:
         record = self._live.pop(call_id, None)
         if record is None:
             return
-        record.ended_at = _now_iso()
+        record.ended_at = now_iso()
         record.end_reason = reason
         self._ended[call_id] = record
         while len(self._ended) > self.keep_ended:
