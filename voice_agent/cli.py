@@ -15,6 +15,7 @@ from typing import Any
 
 from voice_agent import __version__
 from voice_agent.errors import VoiceAgentError
+from voice_agent.observability import add_log_secrets, configure_logging
 from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.secrets import SecretStore
 from voice_agent.secrets_cli import add_secrets_parser
@@ -36,6 +37,7 @@ def _variables(pairs: Sequence[str]) -> dict[str, str]:
 
 def _registry(args: argparse.Namespace) -> AgentRegistry:
     secrets = SecretStore.in_data_dir(Path(args.data_dir) if args.data_dir else None).load()
+    add_log_secrets(secrets)  # no log line can print one, whatever code path logs it
     return AgentRegistry.from_file(args.config, secrets)
 
 
@@ -206,7 +208,7 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging(level=logging.INFO)
     try:
         if getattr(args, "workers", 1) > 1:
             return _serve_workers(args)

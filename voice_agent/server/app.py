@@ -28,6 +28,12 @@ from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSetting
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.tts import TtsConfig, make_tts
 from voice_agent.engines.vad import VadConfig, make_vad
+from voice_agent.observability import (
+    LoopLagMonitor,
+    ServerMetrics,
+    add_log_secrets,
+    set_call_id,
+)
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.secrets import DATA_DIR_ENV
@@ -132,6 +138,15 @@ class VoiceServer:
             weakref.WeakKeyDictionary()
         )
         self.access = access_policy(registry)
+        self.metrics = ServerMetrics(worker=worker_id)
+        self.lag = LoopLagMonitor(self._on_loop_lag)
+        add_log_secrets(registry.secrets)
+
+    def _on_loop_lag(self, lag_s: float) -> None:
+        # Admission looks at the worst of the last few samples: one quiet tick after a stall
+        # must not reopen the door.
+        self.loop_lag_ms = self.lag.recent_max_s * 1000
+        self.metrics.loop_lag(lag_s)
 
     # ---- engines -------------------------------------------------------------------------
 
@@ -214,6 +229,7 @@ class VoiceServer:
         session = CallSession(
             self.registry, agent=agent, args=args, call_id=call_id, auto_commit=False
         )
+        set_call_id(session.call_id)  # this task's log lines, and its children's, name the call
         record = CallRecord(session, transport)
         voice = session.agent.config.voice(self.registry.loaded.config.voice)
         pipeline = CallPipeline(
@@ -227,6 +243,16 @@ class VoiceServer:
         )
         self.live.add(record)
         self._record_durably(session, record)
+        session.audit.subscribe(
+            self.metrics.audit_listener(
+                {
+                    "stt": voice.stt.provider,
+                    "tts": voice.tts.provider,
+                    "llm": session.agent.config.llm.provider,
+                }
+            )
+        )
+        self.metrics.call_started(transport)
         self.pipelines[session.call_id] = pipeline
         log.info(
             "call %s started on %s with agent %s", session.call_id, transport, session.agent.name
@@ -237,6 +263,7 @@ class VoiceServer:
         call_id = pipeline.session.call_id
         self.pipelines.pop(call_id, None)
         self.live.ended(call_id, reason)
+        self.metrics.call_ended(pipeline.record.transport, outcome_for(reason))
         self.store.call_ended(
             call_id, ended_at=now_iso(), outcome=outcome_for(reason), reason=reason
         )
@@ -325,6 +352,7 @@ class VoiceServer:
             if refusal is not None:
                 # The handshake completes so the caller gets a WebSocket close code it knows.
                 self.refused_calls += 1
+                self.metrics.admission_refused(refusal.reason)
                 self._refusals[connection] = refusal.message
                 log.warning("call refused on %s: %s", path, refusal.message)
             return None  # the WebSocket handshake goes on
@@ -342,6 +370,10 @@ class VoiceServer:
                     "refused_calls": self.refused_calls,
                 },
             )
+        if path == "/metrics":
+            body, content_type = self.metrics.render()
+            headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body)))])
+            return Response(http.HTTPStatus.OK.value, "OK", headers, body)
         if path == "/agents":
             return _json(http.HTTPStatus.OK, self._agents())
         viewer = calls_view_response(path)
@@ -385,6 +417,7 @@ class VoiceServer:
             if warm_up is not None:
                 await warm_up(1)
         await self.store.start()
+        self.lag.start()
         self._server = await serve(
             self._handler,
             self.host,
@@ -405,6 +438,7 @@ class VoiceServer:
     async def shutdown(self, deadline_s: float = 10.0) -> None:
         """Stop accepting calls, let live ones finish until the deadline, then end them."""
         self._closing = True
+        await self.lag.stop()
         if self._server is None:
             return
         self._server.close(close_connections=False)

@@ -23,6 +23,7 @@ from voice_agent.core.turns import TurnConfig
 from voice_agent.engines.stt import Stt, SttStream
 from voice_agent.engines.tts import Tts
 from voice_agent.engines.vad import Vad
+from voice_agent.observability import call_context
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.session import (
     AgentEvent,
@@ -131,7 +132,8 @@ class CallPipeline:
         return (self._loop.time() - self._t0) * 1000
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
+        # In the call's logging context: aiortc's callbacks run outside the handler's task.
+        task = self._loop.create_task(coro, context=call_context(self.session.call_id))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
