@@ -402,12 +402,12 @@ async def test_shared_executor_and_close(domain_lm: DomainLm) -> None:
 async def test_make_stt_builds_the_configured_engine(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    stt = make_stt(SttConfig(phrases=("widgets galore",)), phrases=["book a table"])
+    stt = make_stt(SttConfig(phrases=("widgets galore",), processes=0), phrases=["book a table"])
     assert isinstance(stt, PocketsphinxStt) and stt.domain_lm is not None
     assert {"widgets", "book", "table"} <= stt.domain_lm.words
     # The cache lives under the data dir (the autouse fixture points it at tmp_path).
     assert stt.domain_lm.lm_path.is_relative_to(tmp_path)
-    full = make_stt(SttConfig(language_model="full"))
+    full = make_stt(SttConfig(language_model="full", processes=0))
     assert isinstance(full, PocketsphinxStt) and full.domain_lm is None
     monkeypatch.setenv("OPENAI_API_KEY", "env-key")
     remote = make_stt(SttConfig(provider="openai", model="whisper-1"))

@@ -184,6 +184,7 @@ class VoiceServer:
                     model=stt_settings.model,
                     base_url=stt_settings.base_url,
                     api_key=stt_settings.api_key,
+                    processes=stt_settings.processes,
                 ),
                 phrases=phrases,
             )

@@ -56,6 +56,9 @@ class SttConfig:
     model: str | None = None  # openai: "gpt-4o-mini-transcribe" / "whisper-1"
     base_url: str | None = None
     api_key: str | None = None
+    # pocketsphinx: decoding in this many worker processes, None: one per CPU core (see
+    # pool.default_processes); 0: in-process threads, which stall the event loop while decoding.
+    processes: int | None = None
 
 
 class SttError(VoiceAgentError):
