@@ -44,6 +44,14 @@ from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
 from voice_agent.server.pages import calls_view_response, static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
+from voice_agent.server.recording import (
+    FORMATS,
+    CallRecorder,
+    find_recording,
+    prune_recordings,
+    recording_format,
+    recordings_dir,
+)
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
 from voice_agent.store import CallStore as DurableStore
@@ -89,10 +97,14 @@ def access_policy(registry: AgentRegistry) -> AccessPolicy:
     )
 
 
+def data_dir_of(registry: AgentRegistry) -> Path:
+    """`server.data_dir`, else $VOICE_AGENT_DATA_DIR, else ./data."""
+    return Path(registry.loaded.config.server.data_dir or os.environ.get(DATA_DIR_ENV) or "data")
+
+
 def open_durable_store(registry: AgentRegistry) -> DurableStore:
     settings = registry.loaded.config.server
-    data_dir = Path(settings.data_dir or os.environ.get(DATA_DIR_ENV) or "data")
-    return open_store(settings.store, data_dir, retention_days=settings.retention_days)
+    return open_store(settings.store, data_dir_of(registry), retention_days=settings.retention_days)
 
 
 class VoiceServer:
@@ -138,6 +150,9 @@ class VoiceServer:
             weakref.WeakKeyDictionary()
         )
         self.access = access_policy(registry)
+        self.data_dir = data_dir_of(registry)
+        self.recording = registry.loaded.config.server.recording
+        self._pruner: asyncio.Task[None] | None = None
         self.metrics = ServerMetrics(worker=worker_id)
         self.lag = LoopLagMonitor(self._on_loop_lag)
         add_log_secrets(registry.secrets)
@@ -233,6 +248,11 @@ class VoiceServer:
         set_call_id(session.call_id)  # this task's log lines, and its children's, name the call
         record = CallRecord(session, transport)
         voice = session.agent.config.voice(self.registry.loaded.config.voice)
+        recorder = (
+            CallRecorder.for_call(self.data_dir, session.call_id, carrier.sample_rate)
+            if self.recording
+            else None
+        )
         pipeline = CallPipeline(
             session,
             record,
@@ -241,6 +261,7 @@ class VoiceServer:
             carrier,
             out,
             on_end=self._call_ended,
+            recorder=recorder,
         )
         self.live.add(record)
         self._record_durably(session, record)
@@ -304,6 +325,31 @@ class VoiceServer:
             "webrtc": WEBRTC_AVAILABLE,
             "ice_servers": self.rtc.ice_servers(),
         }
+
+    async def _prune_recordings(self, days: float) -> None:
+        """Recordings follow the call records' retention (the store prunes those itself)."""
+        while True:
+            try:
+                await asyncio.to_thread(prune_recordings, recordings_dir(self.data_dir), days)
+            except OSError as exc:
+                log.warning("pruning recordings failed: %s", exc)
+            await asyncio.sleep(3600)
+
+    async def _recording(self, call_id: str) -> Response:
+        # Found by listing the recordings folder, never by a path built from the request.
+        found = await asyncio.to_thread(find_recording, recordings_dir(self.data_dir), call_id)
+        if found is None:
+            return _json(http.HTTPStatus.NOT_FOUND, {"error": "no recording of that call"})
+        path, format_name = found
+        body = await asyncio.to_thread(path.read_bytes)
+        headers = Headers(
+            [
+                ("Content-Type", FORMATS[format_name].media_type),
+                ("Content-Length", str(len(body))),
+                ("Content-Disposition", f'inline; filename="{path.name}"'),
+            ]
+        )
+        return Response(http.HTTPStatus.OK.value, "OK", headers, body)
 
     async def _list_calls(self, request: Request) -> Response:
         query = parse_qs(urlsplit(request.path).query)
@@ -382,6 +428,8 @@ class VoiceServer:
             return viewer
         if path == "/calls":
             return await self._list_calls(request)
+        if path.startswith("/calls/") and path.endswith("/recording"):
+            return await self._recording(path[len("/calls/") : -len("/recording")])
         if path.startswith("/calls/"):
             call = await self.store.get(path[len("/calls/") :])
             if call is None:
@@ -418,7 +466,17 @@ class VoiceServer:
             if warm_up is not None:
                 await warm_up(1)
         await self.store.start()
+        if self.recording:
+            # The first PyAV import takes ~0.2 s: pay it now, not on a call.
+            log.info(
+                "recording calls as %s in %s",
+                FORMATS[recording_format()].description,
+                recordings_dir(self.data_dir),
+            )
         self.lag.start()
+        retention = self.registry.loaded.config.server.retention_days
+        if self.recording and retention is not None:
+            self._pruner = asyncio.ensure_future(self._prune_recordings(retention))
         self._server = await serve(
             self._handler,
             self.host,
@@ -440,6 +498,8 @@ class VoiceServer:
         """Stop accepting calls, let live ones finish until the deadline, then end them."""
         self._closing = True
         await self.lag.stop()
+        if self._pruner is not None:
+            self._pruner.cancel()
         if self._server is None:
             return
         self._server.close(close_connections=False)

@@ -33,6 +33,7 @@ from voice_agent.runtime.session import (
     CallSession,
 )
 from voice_agent.server.calls import CallRecord
+from voice_agent.server.recording import CallRecorder
 
 log = logging.getLogger("voice_agent.call")
 
@@ -91,7 +92,9 @@ class CallPipeline:
         out: Outbound,
         *,
         on_end: Callable[[CallPipeline, str], None] | None = None,
+        recorder: CallRecorder | None = None,
     ) -> None:
+        self.recorder = recorder
         self.session = session
         self.record = record
         self.engines = engines
@@ -157,7 +160,10 @@ class CallPipeline:
         """Carrier audio, any length: framed into 20 ms at 16 kHz for VAD and the core."""
         if self.ended:
             return
-        pcm = self._inbound.process(self.carrier.decode(payload))
+        pcm_in = self.carrier.decode(payload)
+        if self.recorder is not None:
+            self.recorder.caller(pcm_in, self.now_ms())
+        pcm = self._inbound.process(pcm_in)
         for frame in self._framer.push(pcm):
             is_speech = self.vad.is_speech(frame)
             partial = self._stt.partial() if self._stt is not None else ""
@@ -178,6 +184,8 @@ class CallPipeline:
             return
         self.ended = True
         self._apply(self.core.hang_up(self.now_ms()))
+        if self.recorder is not None:
+            self._finish_recording(self.recorder)
         if self._timer is not None:
             self._timer.cancel()
         if self._stt is not None:
@@ -192,6 +200,15 @@ class CallPipeline:
             self._on_end(self, reason)
         self.finished.set()
 
+    def _finish_recording(self, recorder: CallRecorder) -> None:
+        # Before the call ends, so the reference is in the audit and the store with the call.
+        recording = recorder.finish(self.now_ms())
+        if recording is not None:
+            data_dir = recorder.path.parents[1]
+            self.session.audit.add("recording", **recording.as_audit(relative_to=data_dir))
+        elif recorder.error:
+            self.session.audit.add("recording", error=recorder.error)
+
     # ---- the core's actions ------------------------------------------------------------
 
     def _apply(self, actions: list[core.Action]) -> None:
@@ -201,6 +218,8 @@ class CallPipeline:
                     self._stt.push(self._to_stt.process(action.frame))
             elif isinstance(action, core.SendAudio):
                 self.out.audio(action.audio)
+                if self.recorder is not None:
+                    self.recorder.agent(self.carrier.decode(action.audio), self.now_ms())
             elif isinstance(action, core.SendMark):
                 self.out.mark(action.name)
             elif isinstance(action, core.StartStt):
@@ -224,6 +243,8 @@ class CallPipeline:
                 self._synth_queue.put_nowait((action.reply_id, action.text))
             elif isinstance(action, core.SendClear):
                 self.out.clear()
+                if self.recorder is not None:
+                    self.recorder.clear(self.now_ms())
             elif isinstance(action, core.CommitReply):
                 if self.session.conversation.is_pending(action.reply_id):
                     self.session.commit_reply(action.reply_id, action.heard)
