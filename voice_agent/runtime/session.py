@@ -270,7 +270,9 @@ class CallSession:
         return AgentSpeechEnd(reply_id, text)
 
     async def say(self, text: str) -> AsyncIterator[AgentEvent]:
-        text = text.strip()
+        # Functions may build speech from a secret; it would reach the caller's events and
+        # the TTS service, so speech is redacted like everything else that leaves a function.
+        text = self.redactor.text(text).strip()
         if not text:
             return
         reply_id = self.begin_reply()

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -155,12 +156,14 @@ class VoiceServer:
         self._pruner: asyncio.Task[None] | None = None
         self.metrics = ServerMetrics(worker=worker_id)
         self.lag = LoopLagMonitor(self._on_loop_lag)
+        self._lags: deque[float] = deque(maxlen=3)
         add_log_secrets(registry.secrets)
 
     def _on_loop_lag(self, lag_s: float) -> None:
-        # Admission looks at the worst of the last few samples: one quiet tick after a stall
-        # must not reopen the door.
-        self.loop_lag_ms = self.lag.recent_max_s * 1000
+        # Admission looks at the median of the last three samples (1.5 s): one stall (a first
+        # call's imports, a GC pause) must not refuse calls, a loop that stays late must.
+        self._lags.append(lag_s)
+        self.loop_lag_ms = sorted(self._lags)[len(self._lags) // 2] * 1000
         self.metrics.loop_lag(lag_s)
 
     # ---- engines -------------------------------------------------------------------------
@@ -375,6 +378,9 @@ class VoiceServer:
     async def process_request(
         self, connection: ServerConnection, request: Request
     ) -> Response | None:
+        if not request.path.isascii():
+            # websockets hands raw bytes on as surrogates; nothing below could encode them.
+            return _json(http.HTTPStatus.BAD_REQUEST, {"error": "the request target must be ASCII"})
         path = request.path.split("?", 1)[0]
         peer = connection.remote_address[0] if connection.remote_address else None
         trusted = self.registry.loaded.config.server.trusted_proxies
