@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -421,6 +422,9 @@ class VoiceServer:
                     "pid": os.getpid(),
                     "loop_lag_ms": round(self.loop_lag_ms, 1),
                     "refused_calls": self.refused_calls,
+                    # For leak soaks: these return to their idle values between calls.
+                    "asyncio_tasks": len(asyncio.all_tasks()),
+                    "threads": threading.active_count(),
                 },
             )
         if path == "/metrics":
