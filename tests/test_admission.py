@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from websockets.asyncio.client import connect
 
+from tests.support.configs import default_config_with
 from voice_agent.callers import NativeClient
 from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.admission import Admission, CpuSampler
@@ -53,14 +53,7 @@ def test_cpu_is_sampled_over_an_interval() -> None:
 async def test_a_call_beyond_max_calls_is_refused_while_the_others_complete(
     tmp_path: Path,
 ) -> None:
-    data = yaml.safe_load((ROOT / "config" / "agents.yaml").read_text())
-    for agent in data["agents"].values():
-        for key in ("functions", "intents"):
-            if key in agent:
-                agent[key] = str(ROOT / "config" / agent[key])
-    data["server"] = {"max_calls": 2, "max_loop_lag_ms": None}
-    config = tmp_path / "agents.yaml"
-    config.write_text(yaml.safe_dump(data))
+    config = default_config_with(tmp_path, server={"max_calls": 2, "max_loop_lag_ms": None})
     registry = AgentRegistry.from_file(config)
     server = VoiceServer(registry, port=0)
     await server.start()

@@ -38,6 +38,7 @@ from tests.support.attacker import (
     request_bytes,
     twilio_signature,
 )
+from tests.support.configs import default_config_with
 from tests.support.openai_server import OpenAIStandIn, Reply
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
@@ -70,15 +71,9 @@ def write_config(
     folder: Path, server: dict[str, Any], agents: dict[str, Any] | None = None
 ) -> Path:
     """config/agents.yaml with absolute paths, more agents, and these server settings."""
-    data = yaml.safe_load((ROOT / "config" / "agents.yaml").read_text())
-    for agent in data["agents"].values():
-        for key in ("functions", "intents"):
-            if key in agent:
-                agent[key] = str(ROOT / "config" / agent[key])
+    path = default_config_with(folder, server={"max_loop_lag_ms": None, **server})
+    data = yaml.safe_load(path.read_text())
     data["agents"].update(agents or {})
-    # The start-up's own loop lag must not turn the first call away: admission is not tested here.
-    data["server"] = {"max_loop_lag_ms": None, **server}
-    path = folder / "agents.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 

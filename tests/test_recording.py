@@ -403,21 +403,15 @@ def test_find_prune_and_audit_fields(tmp_path: Path) -> None:
 
 async def test_a_recorded_call_is_referenced_from_its_record_and_served(tmp_path: Path) -> None:
     import httpx
-    import yaml
 
+    from tests.support.configs import default_config_with
     from voice_agent.callers import NativeClient
     from voice_agent.runtime.registry import AgentRegistry
     from voice_agent.server.app import VoiceServer
 
-    root = Path(__file__).parent.parent
-    data = yaml.safe_load((root / "config" / "agents.yaml").read_text())
-    for agent in data["agents"].values():
-        for key in ("functions", "intents"):
-            if key in agent:
-                agent[key] = str(root / "config" / agent[key])
-    data["server"] = {"recording": True, "data_dir": str(tmp_path / "data")}
-    config = tmp_path / "agents.yaml"
-    config.write_text(yaml.safe_dump(data))
+    config = default_config_with(
+        tmp_path, server={"recording": True, "data_dir": str(tmp_path / "data")}
+    )
     registry = AgentRegistry.from_file(config)
     server = VoiceServer(registry, port=0)
     await server.start()

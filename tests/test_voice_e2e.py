@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import yaml
 
+from tests.support.configs import default_config_with
 from voice_agent.audio.wav import read_wav, write_wav
 from voice_agent.callers import NativeClient, TwilioClient
 from voice_agent.core.sentences import SentenceSplitter
@@ -61,14 +61,10 @@ async def server() -> AsyncIterator[VoiceServer]:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def quick_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
     """The default agent with barge-in after 150 ms of speech: quick enough to cut a first word."""
-    data = yaml.safe_load((ROOT / "config" / "agents.yaml").read_text())
-    for agent in data["agents"].values():
-        for key in ("functions", "intents"):
-            if key in agent:
-                agent[key] = str(ROOT / "config" / agent[key])
-    data["voice"] = {"interruption": {"min_interruption_ms": 150}, "turn": {"min_speech_ms": 60}}
-    config = tmp_path_factory.mktemp("quick") / "agents.yaml"
-    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    config = default_config_with(
+        tmp_path_factory.mktemp("quick"),
+        voice={"interruption": {"min_interruption_ms": 150}, "turn": {"min_speech_ms": 60}},
+    )
     async for voice_server in serving(config):
         yield voice_server
 

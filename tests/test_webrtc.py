@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import yaml
 from aiortc import RTCPeerConnection
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from tests.support.configs import default_config_with
 from tests.support.rtc_caller import RtcCaller
 from voice_agent.audio.wav import read_wav
 from voice_agent.runtime.registry import AgentRegistry
@@ -35,18 +35,6 @@ TOKEN = "s3cret-page-token"
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-def config_with(tmp: Path, webrtc_settings: dict[str, Any]) -> Path:
-    data = yaml.safe_load((ROOT / "config" / "agents.yaml").read_text())
-    for agent in data["agents"].values():
-        for key in ("functions", "intents"):
-            if key in agent:
-                agent[key] = str(ROOT / "config" / agent[key])
-    data["webrtc"] = webrtc_settings
-    path = tmp / "agents.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
 async def serving(config: Path) -> AsyncIterator[VoiceServer]:
     registry = AgentRegistry.from_file(config)
     voice_server = VoiceServer(registry, port=0)
@@ -58,7 +46,7 @@ async def serving(config: Path) -> AsyncIterator[VoiceServer]:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
-    config = config_with(tmp_path_factory.mktemp("rtc"), {"ice_timeout_s": 2})
+    config = default_config_with(tmp_path_factory.mktemp("rtc"), webrtc={"ice_timeout_s": 2})
     async for voice_server in serving(config):
         yield voice_server
     assert not voice_server.rtc.peers, "peer connections left behind"
@@ -66,12 +54,11 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voic
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def guarded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
-    config = config_with(
-        tmp_path_factory.mktemp("guard"), {"allowed_origins": ["https://app.example.com"]}
+    config = default_config_with(
+        tmp_path_factory.mktemp("guard"),
+        webrtc={"allowed_origins": ["https://app.example.com"]},
+        server={"api_tokens": ["page_token"]},
     )
-    data = yaml.safe_load(config.read_text())
-    data["server"] = {"api_tokens": ["page_token"]}
-    config.write_text(yaml.safe_dump(data, sort_keys=False))
     registry = AgentRegistry.from_file(config, Secrets({"page_token": TOKEN}))
     voice_server = VoiceServer(registry, port=0)
     await voice_server.start()

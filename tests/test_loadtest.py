@@ -1,0 +1,88 @@
+"""scripts/loadtest.py end to end, small: a few calls for a few seconds in each mode, so the load
+test keeps working as the server changes. The two runs go side by side to save wall time; their
+numbers are not checked, only that everything they measure is there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "loadtest.py"
+
+
+def start(out: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args, "--settle", "0.5", "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str], out: Path) -> dict[str, Any]:
+    try:
+        output, _ = process.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        raise AssertionError(f"the load test did not finish:\n{output}") from None
+    assert process.returncode == 0, output
+    assert out.with_suffix(".png").stat().st_size > 10_000, output
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def check_level(level: dict[str, Any], calls: int) -> None:
+    assert level["calls"] == calls
+    assert level["failed_calls"] == 0, level["errors"]
+    assert level["dropped_calls"] == 0, level["errors"]
+    assert level["refused_calls"] == 0, level["errors"]
+    assert level["protocol_errors"] == []
+    latencies = [t["latency_ms"] for t in level["turns"] if t["latency_ms"] is not None]
+    assert latencies, level["turns"]
+    # End-of-turn silence alone is 600 ms; an answer takes less than the reply timeout.
+    assert all(500 < value < 6000 for value in latencies), latencies
+    assert level["latency_ms"]["n"] == len(latencies)
+    assert level["server"]["turns"] >= 1
+    assert level["server"]["speech_end_to_first_audio_ms"]["p50"] is not None
+    assert level["audio"]["frames"] > 0
+    for key in ("server_cpu_pct", "server_rss_mb", "server_fds", "loadgen_cpu_pct"):
+        assert level["resources"][key]["n"] > 0, key
+    assert level["resources"]["server_rss_mb"]["max"] > 10
+    assert level["samples"], "no /proc samples"
+
+
+def test_small_runs_in_both_modes(tmp_path: Path) -> None:
+    hosted_out = tmp_path / "hosted.json"
+    embedded_out = tmp_path / "embedded.json"
+    hosted = start(
+        hosted_out,
+        *("--mode", "hosted", "--calls", "2", "--duration", "12", "--ramp", "1"),
+    )
+    # One caller over the native protocol; its barge-in brings a turn early in a short run.
+    embedded = start(
+        embedded_out,
+        *("--mode", "embedded", "--transport", "ws", "--calls", "1", "--duration", "14"),
+        *("--ramp", "0", "--barge-in-share", "1"),
+    )
+    hosted_result = finish(hosted, hosted_out)
+    embedded_result = finish(embedded, embedded_out)
+
+    assert hosted_result["mode"] == "hosted" and hosted_result["transport"] == "twilio"
+    level = hosted_result["levels"][0]
+    check_level(level, 2)
+    # The stand-in answered every STT and TTS request, and the server-added latency (beyond
+    # the configured delays) could be worked out.
+    assert level["standin"]["stt"]["requests"] >= 1
+    assert level["standin"]["stt"]["unmatched"] == 0
+    assert level["standin"]["tts"]["errors"] == 0
+    assert level["server_added_ms"]["n"] >= 1
+    assert level["resources"]["standin_cpu_pct"]["n"] > 0
+
+    assert embedded_result["mode"] == "embedded" and embedded_result["transport"] == "ws"
+    check_level(embedded_result["levels"][0], 1)
