@@ -49,11 +49,12 @@ async def test_short_calls_leave_nothing_behind(server: VoiceServer) -> None:
 
 
 async def settle(server: VoiceServer) -> None:
-    """Until every call has ended on the server side and its tasks are gone."""
+    """Until every call has ended on the server side and its connection's task is gone."""
+    assert server._server is not None
     async with asyncio.timeout(20):
         await asyncio.gather(*(p.finished.wait() for p in list(server.pipelines.values())))
-        # The connection handlers return a moment after their call has finished.
-        while server._call_connections:  # noqa: ASYNC110 - no event marks a handler's return
-            await asyncio.sleep(0.01)
-    await asyncio.sleep(0)
+        handlers = list(server._server.handlers.values())
+        if handlers:
+            await asyncio.wait(handlers)
+        await server.store.flush()
     gc.collect()
