@@ -194,6 +194,23 @@ def test_noise_burst_stops_the_agent_then_it_resumes_from_the_cut_word() -> None
     assert done == [CommitReply(1, "Your table is booked for Friday at eight in the evening.")]
 
 
+def test_without_partial_words_the_agent_waits_for_the_callers_turn_to_end() -> None:
+    """A hosted STT gives no partials: a caller still talking at the timeout is not noise."""
+    d = Driver(min_interruption_ms=300, false_interruption_timeout_ms=800)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Your table is booked for Friday at eight in the evening.")
+    d.play(650)
+    talking = d.frames(2000, speech=True)  # well past the timeout, no partial words
+    assert of(SendClear, talking)
+    assert not [a for a in of(Audit, talking) if a.type == "false_interruption"]
+    sent = len(of(SendAudio, d.actions))
+    d.frames(600, speech=False)  # the turn ends; nothing is resent meanwhile
+    assert len(of(SendAudio, d.actions)) == sent
+    final = d.run(d.core.stt_final("actually make it saturday", d.now))
+    assert of(StartUserTurn, final) == [StartUserTurn("actually make it saturday")]
+    assert of(CommitReply, final) == [CommitReply(1, "Your table is")]  # cut at 950 ms
+
+
 def test_min_interruption_words_waits_for_recognised_words() -> None:
     d = Driver(min_interruption_ms=200, min_interruption_words=2)
     d.core.agent_turn_started(d.now)

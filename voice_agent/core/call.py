@@ -380,7 +380,11 @@ class CallCore:
         interruption = self._interruption
         if interruption is not None and now_ms >= interruption.deadline_ms:
             _, real = self._real_words(self._partial)
-            if not real:
+            if not real and self.turns.in_speech:
+                # Still speaking but no words yet: an STT without partial results (a hosted
+                # one) says nothing until the utterance ends. Its final result decides.
+                interruption.deadline_ms = float("inf")
+            elif not real:
                 self._interruption = None
                 actions.extend(self._resume(interruption, now_ms, "no words"))
             else:
