@@ -128,7 +128,7 @@ async def _serve(args: argparse.Namespace) -> int:
             f"  call it in a browser: {server.url}/{token_hint}\n"
             f'  Twilio Media Streams: <Connect><Stream url="{ws}/twilio"> (via a tunnel)\n'
             f"  native WebSocket:     {ws}/ws\n"
-            f"  call records:         {server.url}/calls\n"
+            f"  call records:         {server.url}/calls/view (API: {server.url}/calls)\n"
             f"  talk to it:           .venv/bin/voice-agent call --url {ws}/ws "
             "--wav tests/fixtures/audio/joe_book1.wav\n"
             "  or type to it:        scripts/run chat",
