@@ -7,7 +7,6 @@ is one)."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,26 +17,20 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import BrowserContext, Page, async_playwright
 
+from tests.support.browser import CHROMIUM
+from tests.support.browser import CHROMIUM_FLAGS as BROWSER_FLAGS
 from voice_agent.audio.wav import read_wav, write_wav
 from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 GREETING = (
     "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
     "What would you like to do?"
 )
-# For a closed network: without these Chromium keeps trying to reach Google's hosts.
 CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
+    *BROWSER_FLAGS,
     "--use-fake-ui-for-media-stream",
     "--use-fake-device-for-media-stream",
 ]

@@ -11,7 +11,6 @@ Set VOICE_AGENT_SCREENSHOTS=DIR to keep a screenshot of the call's page (docs/ca
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
+from tests.support.browser import CHROMIUM, CHROMIUM_FLAGS
 from voice_agent.callers import TwilioClient
 from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.app import VoiceServer
@@ -28,22 +28,11 @@ from voice_agent.server.pages import CONTENT_SECURITY_POLICY, calls_view_respons
 
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CALL_ID = "CAviewer"
 GREETING = (
     "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
     "What would you like to do?"
 )
-# For a closed network: without these Chromium keeps trying to reach Google's hosts.
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
 

@@ -17,11 +17,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.support.configs import default_config_with
+from tests.support.configs import default_config_with, serving
 from voice_agent.audio.wav import read_wav, write_wav
 from voice_agent.callers import NativeClient, TwilioClient
 from voice_agent.core.sentences import SentenceSplitter
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
@@ -41,15 +40,6 @@ def ulaw(name: str) -> bytes:
 
 def pcm16(name: str) -> bytes:
     return read_wav(AUDIO / f"{name}.wav")[0]
-
-
-async def serving(config: Path) -> AsyncIterator[VoiceServer]:
-    registry = AgentRegistry.from_file(config)
-    voice_server = VoiceServer(registry, port=0)
-    await voice_server.start()
-    yield voice_server
-    await voice_server.shutdown(1)
-    await registry.aclose()
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

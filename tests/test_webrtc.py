@@ -17,7 +17,7 @@ from aiortc import RTCPeerConnection
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.support.configs import default_config_with
+from tests.support.configs import default_config_with, serving
 from tests.support.rtc_caller import RtcCaller
 from voice_agent.audio.wav import read_wav
 from voice_agent.runtime.registry import AgentRegistry
@@ -33,15 +33,6 @@ GREETING = (
 TOKEN = "s3cret-page-token"
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-async def serving(config: Path) -> AsyncIterator[VoiceServer]:
-    registry = AgentRegistry.from_file(config)
-    voice_server = VoiceServer(registry, port=0)
-    await voice_server.start()
-    yield voice_server
-    await voice_server.shutdown(1)
-    await registry.aclose()
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -1,11 +1,16 @@
-"""The default agents file, copied with some sections replaced, for servers built by tests."""
+"""Servers built by tests: copies of the default agents file with sections replaced, and a
+server on a free port for one of them."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -23,3 +28,13 @@ def default_config_with(folder: Path, **sections: Any) -> Path:
     path = folder / "agents.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+async def serving(config: Path) -> AsyncIterator[VoiceServer]:
+    """A VoiceServer for `config` on a free localhost port, shut down after use."""
+    registry = AgentRegistry.from_file(config)
+    voice_server = VoiceServer(registry, port=0)
+    await voice_server.start()
+    yield voice_server
+    await voice_server.shutdown(1)
+    await registry.aclose()
