@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -19,8 +18,9 @@ from playwright.async_api import BrowserContext, Page, async_playwright
 
 from tests.support.browser import CHROMIUM
 from tests.support.browser import CHROMIUM_FLAGS as BROWSER_FLAGS
+from tests.support.configs import ended_call as record
+from tests.support.configs import serving
 from voice_agent.audio.wav import read_wav, write_wav
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
@@ -46,12 +46,8 @@ def chromium_installed() -> None:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def server() -> AsyncIterator[VoiceServer]:
-    registry = AgentRegistry.from_file(ROOT / "config" / "agents.yaml")
-    voice_server = VoiceServer(registry, port=0)
-    await voice_server.start()
-    yield voice_server
-    await voice_server.shutdown(1)
-    await registry.aclose()
+    async for voice_server in serving(ROOT / "config" / "agents.yaml"):
+        yield voice_server
     assert not voice_server.rtc.peers, "peer connections left behind"
 
 
@@ -83,17 +79,6 @@ async def call(page: Page, server: VoiceServer) -> str:
     await page.wait_for_function("window.voiceAgent && window.voiceAgent.callId", timeout=20_000)
     call_id: str = await page.evaluate("window.voiceAgent.callId")
     return call_id
-
-
-async def record(server: VoiceServer, call_id: str) -> dict[str, Any]:
-    pipeline = server.pipelines.get(call_id)
-    if pipeline is not None:
-        await pipeline.finished.wait()
-    async with httpx.AsyncClient() as http:
-        call: dict[str, Any] = (
-            await http.get(f"http://127.0.0.1:{server.port}/calls/{call_id}")
-        ).json()
-    return call
 
 
 def assistant(call: dict[str, Any]) -> list[str]:

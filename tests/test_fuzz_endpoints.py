@@ -19,9 +19,9 @@ import pytest_asyncio
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from tests.support.configs import serving
 from voice_agent.audio.wav import read_wav
 from voice_agent.callers import NativeClient
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
@@ -33,12 +33,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def server() -> AsyncIterator[VoiceServer]:
-    registry = AgentRegistry.from_file(ROOT / "config" / "agents.yaml")
-    voice_server = VoiceServer(registry, port=0)
-    await voice_server.start()
-    yield voice_server
-    await voice_server.shutdown(1)
-    await registry.aclose()
+    async for voice_server in serving(ROOT / "config" / "agents.yaml"):
+        yield voice_server
 
 
 def twilio_messages(rng: random.Random) -> list[str | bytes]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest_asyncio
 
+from tests.support.configs import serving
 from tests.support.soak import footprint, short_call
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
@@ -20,12 +20,8 @@ ROOT = Path(__file__).parent.parent
 
 @pytest_asyncio.fixture
 async def server() -> AsyncIterator[VoiceServer]:
-    registry = AgentRegistry.from_file(ROOT / "config" / "agents.yaml")
-    voice_server = VoiceServer(registry, port=0)
-    await voice_server.start()
-    yield voice_server
-    await voice_server.shutdown(1)
-    await registry.aclose()
+    async for voice_server in serving(ROOT / "config" / "agents.yaml"):
+        yield voice_server
 
 
 async def test_short_calls_leave_nothing_behind(server: VoiceServer) -> None:

@@ -21,8 +21,8 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
 from tests.support.browser import CHROMIUM, CHROMIUM_FLAGS
+from tests.support.configs import serving
 from voice_agent.callers import TwilioClient
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.app import VoiceServer
 from voice_agent.server.pages import CONTENT_SECURITY_POLICY, calls_view_response, page_response
 
@@ -80,12 +80,8 @@ def chromium_installed() -> None:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def server() -> AsyncIterator[VoiceServer]:
-    registry = AgentRegistry.from_file(ROOT / "config" / "agents.yaml")
-    voice_server = VoiceServer(registry, port=0)
-    await voice_server.start()
-    yield voice_server
-    await voice_server.shutdown(1)
-    await registry.aclose()
+    async for voice_server in serving(ROOT / "config" / "agents.yaml"):
+        yield voice_server
 
 
 async def say_and_wait(caller: TwilioClient, audio: bytes) -> None:

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import pytest_asyncio
 
 from tests.support.configs import default_config_with, serving
+from tests.support.configs import ended_call as record
 from voice_agent.audio.wav import read_wav, write_wav
 from voice_agent.callers import NativeClient, TwilioClient
 from voice_agent.core.sentences import SentenceSplitter
@@ -66,18 +66,6 @@ def twilio(server: VoiceServer, call_sid: str, **params: str) -> TwilioClient:
         custom_parameters=params,
         timeout=60,
     )
-
-
-async def record(server: VoiceServer, call_id: str) -> dict[str, Any]:
-    """The call as `GET /calls/{id}` shows it, once the call has ended."""
-    pipeline = server.pipelines.get(call_id)
-    if pipeline is not None:
-        await pipeline.finished.wait()
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"http://127.0.0.1:{server.port}/calls/{call_id}")
-    assert response.status_code == 200
-    call: dict[str, Any] = response.json()
-    return call
 
 
 def messages(call: dict[str, Any], role: str) -> list[str | None]:

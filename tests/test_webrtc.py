@@ -18,6 +18,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from tests.support.configs import default_config_with, serving
+from tests.support.configs import ended_call as record
 from tests.support.rtc_caller import RtcCaller
 from voice_agent.audio.wav import read_wav
 from voice_agent.runtime.registry import AgentRegistry
@@ -64,17 +65,6 @@ def caller(server: VoiceServer, **kwargs: Any) -> RtcCaller:
 
 def pcm16(name: str) -> bytes:
     return read_wav(AUDIO / f"{name}.wav")[0]
-
-
-async def record(server: VoiceServer, call_id: str) -> dict[str, Any]:
-    pipeline = server.pipelines.get(call_id)
-    if pipeline is not None:
-        await pipeline.finished.wait()
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"http://127.0.0.1:{server.port}/calls/{call_id}")
-    assert response.status_code == 200
-    call: dict[str, Any] = response.json()
-    return call
 
 
 def said(call: dict[str, Any], role: str) -> list[str]:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from voice_agent.runtime.registry import AgentRegistry
@@ -38,3 +39,15 @@ async def serving(config: Path) -> AsyncIterator[VoiceServer]:
     yield voice_server
     await voice_server.shutdown(1)
     await registry.aclose()
+
+
+async def ended_call(server: VoiceServer, call_id: str) -> dict[str, Any]:
+    """The call as `GET /calls/{id}` shows it, once the call has ended."""
+    pipeline = server.pipelines.get(call_id)
+    if pipeline is not None:
+        await pipeline.finished.wait()
+    async with httpx.AsyncClient() as http:
+        response = await http.get(f"http://127.0.0.1:{server.port}/calls/{call_id}")
+    assert response.status_code == 200
+    call: dict[str, Any] = response.json()
+    return call

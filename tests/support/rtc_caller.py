@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 import av
@@ -17,56 +16,35 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from websockets.asyncio.client import ClientConnection, connect
 
-RATE = 16000
+from voice_agent.server.webrtc import CARRIER, AgentAudioTrack
+from voice_agent.transports.webrtc import RtpPlayout
+
+RATE = CARRIER.sample_rate  # what the server sends; the browser side takes any rate
 FRAME = RATE // 50
 
 
-class MicTrack(MediaStreamTrack):
-    """Plays queued PCM16 (16 kHz mono) in real time, silence in between."""
-
-    kind = "audio"
+class MicTrack(AgentAudioTrack):
+    """Plays queued PCM16 (16 kHz mono) in real time, silence in between: the server's own
+    paced track, with a mark after each piece so `play` knows when it has all been sent."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._buffer = bytearray()
-        self._start: float | None = None
-        self._pts = 0
-        self._drained: list[tuple[int, asyncio.Future[None]]] = []
-        self._sent = 0
-        self._queued = 0
+        self._playout = RtpPlayout(RATE)
+        self._playout.report_delay(0)  # sent is done, for a microphone
+        self._sent: dict[str, asyncio.Future[None]] = {}
+        super().__init__(self._playout, self._on_sent)
 
     def play(self, pcm: bytes) -> asyncio.Future[None]:
-        self._buffer += pcm
-        self._queued += len(pcm)
+        name = str(len(self._sent))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._drained.append((self._queued, done))
+        self._sent[name] = done
+        self._playout.audio(pcm)
+        self._playout.mark(name)
         return done
 
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        else:
-            self._pts += FRAME
-            delay = self._start + self._pts / RATE - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        data = bytes(self._buffer[: FRAME * 2])
-        del self._buffer[: FRAME * 2]
-        self._sent += len(data)
-        data += bytes(FRAME * 2 - len(data))
-        while self._drained and self._drained[0][0] <= self._sent:
-            future = self._drained.pop(0)[1]
-            if not future.done():
-                future.set_result(None)
-        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME)
-        frame.planes[0].update(data)
-        frame.pts = self._pts
-        frame.sample_rate = RATE
-        frame.time_base = Fraction(1, RATE)
-        return frame
+    def _on_sent(self, name: str) -> None:
+        future = self._sent.get(name)
+        if future is not None and not future.done():
+            future.set_result(None)
 
 
 class RtcCaller:
