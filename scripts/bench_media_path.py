@@ -157,7 +157,7 @@ class NullStt:
     def __init__(self) -> None:
         self.fed = [0]  # bytes of 16 kHz PCM16 pushed, over all streams
 
-    def start(self) -> SttStream:
+    def start(self, sample_rate: int = STT_RATE) -> SttStream:
         return NullSttStream(self.fed)
 
     async def aclose(self) -> None:

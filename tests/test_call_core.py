@@ -36,9 +36,14 @@ BYTES_PER_MS = 8.0  # 8 kHz mu-law
 class Driver:
     """Plays the parts of the engines and the carrier around one CallCore."""
 
-    def __init__(self, **interruption: Any) -> None:
+    def __init__(self, vad_release_ms: int = 0, **interruption: Any) -> None:
         config = CoreConfig(
-            TurnConfig(min_speech_ms=100, end_of_turn_silence_ms=500, pre_roll_ms=200),
+            TurnConfig(
+                min_speech_ms=100,
+                end_of_turn_silence_ms=500,
+                pre_roll_ms=200,
+                vad_release_ms=vad_release_ms,
+            ),
             InterruptionConfig(**interruption),
             no_input_timeout_ms=5000,
         )
@@ -108,6 +113,15 @@ def test_turn_detection_with_pre_roll_and_end_of_turn_silence() -> None:
     assert of(StartUserTurn, d.run(d.core.stt_final("book a table", d.now))) == [
         StartUserTurn("book a table")
     ]
+
+
+def test_the_vads_hangover_counts_towards_the_end_of_turn_silence() -> None:
+    # A VAD that says "speech" for 100 ms after the caller stops: the turn ends 500 ms after
+    # the real end of speech, which is 400 ms after the VAD's first "silence".
+    d = Driver(vad_release_ms=100)
+    d.frames(600, speech=True)
+    assert not of(FinishStt, d.frames(380, speech=False))
+    assert of(FinishStt, d.frames(20, speech=False))
 
 
 def test_short_silences_inside_an_utterance_do_not_end_it() -> None:

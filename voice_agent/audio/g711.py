@@ -88,19 +88,19 @@ def _pcm_indices(pcm: bytes) -> npt.NDArray[np.uint16]:
 
 def ulaw_decode(data: bytes) -> bytes:
     """Expand G.711 mu-law codes to PCM16 little-endian (two bytes out per byte in)."""
-    return np.take(_ULAW_TO_PCM, np.frombuffer(data, dtype=np.uint8)).tobytes()
+    return _ULAW_TO_PCM.take(np.frombuffer(data, dtype=np.uint8)).tobytes()
 
 
 def ulaw_encode(pcm: bytes) -> bytes:
     """Compress PCM16 little-endian samples to G.711 mu-law codes (one byte per sample)."""
-    return np.take(_PCM_TO_ULAW, _pcm_indices(pcm)).tobytes()
+    return _PCM_TO_ULAW.take(_pcm_indices(pcm)).tobytes()
 
 
 def alaw_decode(data: bytes) -> bytes:
     """Expand G.711 A-law codes to PCM16 little-endian (two bytes out per byte in)."""
-    return np.take(_ALAW_TO_PCM, np.frombuffer(data, dtype=np.uint8)).tobytes()
+    return _ALAW_TO_PCM.take(np.frombuffer(data, dtype=np.uint8)).tobytes()
 
 
 def alaw_encode(pcm: bytes) -> bytes:
     """Compress PCM16 little-endian samples to G.711 A-law codes (one byte per sample)."""
-    return np.take(_PCM_TO_ALAW, _pcm_indices(pcm)).tobytes()
+    return _PCM_TO_ALAW.take(_pcm_indices(pcm)).tobytes()

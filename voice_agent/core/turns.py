@@ -16,6 +16,11 @@ class TurnConfig:
     min_speech_ms: int = 100  # this much speech in a row starts an utterance
     end_of_turn_silence_ms: int = 600  # this much silence ends it
     pre_roll_ms: int = 300
+    # How long the VAD goes on calling frames speech after the caller stops (its hangover, which
+    # keeps word endings from being cut). That much of the end-of-turn silence has passed when
+    # the VAD first says silence, so the turn ends end_of_turn_silence_ms after the real end of
+    # speech rather than that long after the VAD noticed.
+    vad_release_ms: int = 0
     # Silence after speech that STT still gets; the rest of the end-of-turn wait is held back
     # (and released only if speech resumes), since STT engines hallucinate words in silence.
     stt_tail_ms: int = 200
@@ -68,7 +73,7 @@ class TurnDetector:
             frames, self._held = [*self._held, frame], []
             return TurnStep(stt_frames=frames)
         self._silence_run_ms += frame_ms
-        if self._silence_run_ms >= self.config.end_of_turn_silence_ms:
+        if self._silence_run_ms + self.config.vad_release_ms >= self.config.end_of_turn_silence_ms:
             self.in_speech = False
             self._speech_run_ms = 0
             self._held.clear()

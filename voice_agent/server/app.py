@@ -17,7 +17,7 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -44,6 +44,7 @@ from voice_agent.server.admission import RETRY_AFTER_S, TRY_AGAIN_LATER, Admissi
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
+from voice_agent.server.media_socket import MediaConnection
 from voice_agent.server.pages import calls_view_response, static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
 from voice_agent.server.recording import (
@@ -409,6 +410,8 @@ class VoiceServer:
                 self.metrics.admission_refused(refusal.reason)
                 self._refusals[connection] = refusal.message
                 log.warning("call refused on %s: %s", path, refusal.message)
+            elif path != "/rtc" and isinstance(connection, MediaConnection):
+                connection.hold_messages()
             return None  # the WebSocket handshake goes on
         if path == "/healthz":
             return _json(
@@ -458,12 +461,12 @@ class VoiceServer:
         path = ws.request.path.split("?", 1)[0] if ws.request else ""
         self._call_connections += 1
         try:
-            if path == "/twilio":
-                await twilio_endpoint(ws, self.start_call)
-            elif path == "/rtc":
+            if path == "/rtc":
                 await self.rtc.endpoint(ws)
+            elif path == "/twilio":
+                await twilio_endpoint(cast(MediaConnection, ws), self.start_call)
             else:
-                await native_endpoint(ws, self.start_call)
+                await native_endpoint(cast(MediaConnection, ws), self.start_call)
         finally:
             self._call_connections -= 1
 
@@ -494,6 +497,7 @@ class VoiceServer:
             process_request=self.process_request,
             max_size=max(twilio.WEBSOCKET_MAX_SIZE, native.WEBSOCKET_MAX_SIZE),
             compression=None,
+            create_connection=MediaConnection,
             reuse_port=self.reuse_port or None,
         )
         sockets = list(self._server.sockets)

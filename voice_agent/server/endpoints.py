@@ -1,8 +1,9 @@
 """The WebSocket endpoints: /twilio and /ws move messages between a socket and a call pipeline.
 
-The protocol logic lives in voice_agent.transports (sans-I/O); these only read, write and
-translate. Outbound messages go through one sender task per call with a bounded queue, so a
-client that stops reading cannot make the server buffer without end.
+The protocol logic lives in voice_agent.transports (sans-I/O); these only translate. Each
+message is handled synchronously as it arrives (see media_socket), and what the pipeline sends
+is written to the socket at once. A client that stops reading fills the transport's buffer;
+past MAX_UNSENT_BYTES the call is closed rather than buffered without end.
 """
 
 from __future__ import annotations
@@ -11,42 +12,36 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, cast
-
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
 from voice_agent.audio.codec import CarrierFormat, Encoding
 from voice_agent.errors import VoiceAgentError
+from voice_agent.server.media_socket import MediaConnection, Message
 from voice_agent.server.pipeline import CallPipeline
 from voice_agent.transports import native, twilio
 from voice_agent.transports.errors import POLICY_VIOLATION, ProtocolError, ProtocolWarning
 
 log = logging.getLogger("voice_agent.server")
 
-# 60 s of 20 ms frames: far more than any healthy client lets queue up.
-MAX_OUTBOUND_MESSAGES = 3000
-TWILIO_FRAME_BYTES = twilio.FRAME_BYTES
+# About a minute of agent audio in either protocol's encoding: far more than a healthy client
+# lets pile up, little enough that a stalled one costs no real memory.
+MAX_UNSENT_BYTES = 2 * 1024 * 1024
+# Twilio plays whatever length a media message holds and buffers ahead; one message per half
+# second instead of per 20 ms frame sends 25 times fewer messages for the same audio.
+TWILIO_OUTBOUND_BYTES = 4000  # 500 ms of 8 kHz mu-law
+INTERNAL_ERROR = 1011
 
 StartCall = Callable[..., Awaitable[CallPipeline]]
 
 
-@dataclass(frozen=True, slots=True)
-class _Outgoing:
-    message: str | bytes | None  # None: close the connection with `close`
-    is_audio: bool = False
-    close: tuple[int, str] | None = None
-
-
 class SocketOutbound:
-    """Queues what the pipeline sends; one task writes it to the socket in order."""
+    """What the pipeline sends, encoded for the call's protocol and written to the socket."""
 
     def __init__(
         self,
-        ws: ServerConnection,
+        ws: MediaConnection,
         *,
-        audio: Callable[[bytes], list[str | bytes]],
+        audio: Callable[[bytes], list[Message]],
         mark: Callable[[str], str],
         clear: Callable[[], str],
         event: Callable[[dict[str, Any]], str | None],
@@ -56,202 +51,262 @@ class SocketOutbound:
         self._encode_mark = mark
         self._encode_clear = clear
         self._encode_event = event
-        self._queue: asyncio.Queue[_Outgoing] = asyncio.Queue()
-        self._task = asyncio.ensure_future(self._send_forever())
+        self._closing: asyncio.Task[None] | None = None
         self.overflowed = False
 
-    def _put(self, item: _Outgoing) -> None:
-        if self.overflowed:
+    def _write(self, message: Message) -> None:
+        if self._closing is not None:
             return
-        if self._queue.qsize() >= MAX_OUTBOUND_MESSAGES:
+        self._ws.write(message)
+        if self._ws.buffered_bytes() > MAX_UNSENT_BYTES:
             self.overflowed = True
-            reason = "client is not reading: outbound queue full"
-            self._queue.put_nowait(_Outgoing(None, close=(POLICY_VIOLATION, reason)))
-            return
-        self._queue.put_nowait(item)
+            self.close(POLICY_VIOLATION, "client is not reading: outbound buffer full")
 
     def audio(self, data: bytes) -> None:
         for message in self._encode_audio(data):
-            self._put(_Outgoing(message, is_audio=True))
+            self._write(message)
 
     def mark(self, name: str) -> None:
-        self._put(_Outgoing(self._encode_mark(name)))
+        self._write(self._encode_mark(name))
 
     def clear(self) -> None:
-        # Audio still queued here would play after the clear: drop it too.
-        kept = []
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if not item.is_audio:
-                kept.append(item)
-        for item in kept:
-            self._queue.put_nowait(item)
-        self._put(_Outgoing(self._encode_clear()))
+        # Audio already written is on its way; the clear tells the client to drop it unplayed.
+        self._write(self._encode_clear())
 
     def event(self, payload: dict[str, Any]) -> None:
         message = self._encode_event(payload)
         if message is not None:
-            self._put(_Outgoing(message))
+            self._write(message)
 
     def close(self, code: int, reason: str) -> None:
-        self._put(_Outgoing(None, close=(code, reason)))
-
-    async def _send_forever(self) -> None:
-        try:
-            while True:
-                item = await self._queue.get()
-                if item.message is None:
-                    code, reason = item.close or (1000, "")
-                    await self._ws.close(code, reason)
-                    return
-                await self._ws.send(item.message)
-        except ConnectionClosed:
-            return
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._ws.close(code, reason))
 
     async def aclose(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        if self._closing is not None:
+            await asyncio.gather(self._closing, return_exceptions=True)
 
 
 def _split(data: bytes, size: int) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
 
 
-async def _close(ws: ServerConnection, error: ProtocolError) -> None:
-    log.info("closing %s: %s", ws.remote_address, error.reason)
-    await ws.close(error.code, error.close_reason)
+class _SocketCall:
+    """One call's socket: feeds its messages to the protocol codec and the pipeline.
+
+    Messages arriving while the call is being set up (`start_call` awaits the store and the
+    agent) are kept and replayed in order once the pipeline exists, so no audio is lost.
+    """
+
+    transport = ""
+
+    def __init__(self, ws: MediaConnection, start_call: StartCall) -> None:
+        self.ws = ws
+        self.start_call = start_call
+        self.pipeline: CallPipeline | None = None
+        self.outbound: SocketOutbound | None = None
+        self._backlog: list[Any] | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    # ---- subclass hooks ------------------------------------------------------------------
+
+    def receive(self, message: Message) -> list[Any]:
+        raise NotImplementedError
+
+    def dispatch(self, event: Any) -> None:
+        raise NotImplementedError
+
+    async def set_up(self, event: Any) -> None:
+        raise NotImplementedError
+
+    def protocol_error(self, error: ProtocolError) -> None:
+        self.ws.fail(error.code, error.close_reason)
+
+    # ---- driving -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.ws.deliver_to(self.on_message)
+        closed: asyncio.Future[Any] = asyncio.ensure_future(self.ws.wait_closed())
+        try:
+            waiting: set[asyncio.Future[Any]] = {self._ended, closed}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            reason = self._ended.result() if self._ended.done() else "connection lost"
+        finally:
+            closed.cancel()
+            if self._starting is not None and not self._starting.done():
+                self._starting.cancel()
+                await asyncio.gather(self._starting, return_exceptions=True)
+        if not self._ended.done():
+            self._ended.set_result(reason)
+        if self.pipeline is not None:
+            await self.pipeline.hang_up(reason)
+        if self.outbound is not None:
+            await self.outbound.aclose()
+
+    def end(self, reason: str) -> None:
+        if not self._ended.done():
+            self._ended.set_result(reason)
+
+    def on_message(self, message: Message) -> None:
+        if self._ended.done():
+            return
+        try:
+            events = self.receive(message)
+        except ProtocolError as error:
+            log.info("closing %s: %s", self.ws.remote_address, error.reason)
+            self.end(f"protocol error: {error.reason}")
+            self.protocol_error(error)
+            return
+        for event in events:
+            if self._backlog is not None:
+                self._backlog.append(event)
+            else:
+                self.dispatch(event)
+
+    def begin_start(self, event: Any) -> None:
+        if self.pipeline is not None or self._starting is not None:
+            return  # the codec refuses a second start; nothing to do here
+        self._backlog = []
+        self._starting = asyncio.ensure_future(self._start(event))
+
+    async def _start(self, event: Any) -> None:
+        try:
+            await self.set_up(event)
+        except Exception as exc:
+            log.exception("call set-up failed on %s", self.ws.remote_address)
+            self.end(f"set-up failed: {type(exc).__name__}")
+            self.ws.fail(INTERNAL_ERROR, "internal error")
+            return
+        backlog, self._backlog = self._backlog or [], None
+        for queued in backlog:
+            if self._ended.done():
+                return
+            self.dispatch(queued)
 
 
-async def twilio_endpoint(ws: ServerConnection, start_call: StartCall) -> None:
-    stream = twilio.TwilioStream()
-    pipeline: CallPipeline | None = None
-    outbound: SocketOutbound | None = None
-    reason = "caller hung up"
-    try:
-        async for message in ws:
-            if isinstance(message, bytes):
-                stream.receive_bytes(message)
-            for event in stream.receive(message):
-                if isinstance(event, twilio.Media):
-                    if pipeline is not None:
-                        pipeline.audio(event.payload)
-                elif isinstance(event, twilio.Mark):
-                    if pipeline is not None:
-                        pipeline.mark(event.name)
-                elif isinstance(event, twilio.Start):
-                    outbound = SocketOutbound(
-                        ws,
-                        audio=lambda data: [
-                            stream.media_message(f) for f in _split(data, TWILIO_FRAME_BYTES)
-                        ],
-                        mark=stream.mark_message,
-                        clear=stream.clear_message,
-                        event=lambda payload: None,  # Twilio takes media, marks and clears only
-                    )
-                    try:
-                        pipeline = await start_call(
-                            transport="twilio",
-                            agent=event.agent,
-                            args=event.agent_args,
-                            call_id=event.call_id,
-                            carrier=CarrierFormat("mulaw", twilio.SAMPLE_RATE),
-                            out=outbound,
-                        )
-                    except VoiceAgentError as exc:
-                        await ws.close(POLICY_VIOLATION, str(exc)[:120])
-                        return
-                    await pipeline.start()
-                elif isinstance(event, twilio.Dtmf):
-                    if pipeline is not None:
-                        pipeline.dtmf(event.digit)
-                elif isinstance(event, twilio.Stop):
-                    return
-                elif isinstance(event, ProtocolWarning):
-                    log.info("twilio stream %s: %s", ws.remote_address, event)
-    except ProtocolError as error:
-        reason = f"protocol error: {error.reason}"
-        await _close(ws, error)
-    except ConnectionClosed:
-        reason = "connection lost"
-    finally:
-        if pipeline is not None:
-            await pipeline.hang_up(reason)
-        if outbound is not None:
-            await outbound.aclose()
+class _TwilioCall(_SocketCall):
+    def __init__(self, ws: MediaConnection, start_call: StartCall) -> None:
+        super().__init__(ws, start_call)
+        self.stream = twilio.TwilioStream()
+
+    def receive(self, message: Message) -> list[Any]:
+        if isinstance(message, bytes):
+            self.stream.receive_bytes(message)
+        return list(self.stream.receive(cast(str, message)))
+
+    def dispatch(self, event: Any) -> None:
+        pipeline = self.pipeline
+        if isinstance(event, twilio.Media):
+            if pipeline is not None:
+                pipeline.audio(event.payload)
+        elif isinstance(event, twilio.Mark):
+            if pipeline is not None:
+                pipeline.mark(event.name)
+        elif isinstance(event, twilio.Start):
+            self.begin_start(event)
+        elif isinstance(event, twilio.Dtmf):
+            if pipeline is not None:
+                pipeline.dtmf(event.digit)
+        elif isinstance(event, twilio.Stop):
+            self.end("caller hung up")
+        elif isinstance(event, ProtocolWarning):
+            log.info("twilio stream %s: %s", self.ws.remote_address, event)
+
+    async def set_up(self, event: twilio.Start) -> None:
+        stream = self.stream
+        self.outbound = SocketOutbound(
+            self.ws,
+            audio=lambda data: [
+                stream.media_message(f) for f in _split(data, TWILIO_OUTBOUND_BYTES)
+            ],
+            mark=stream.mark_message,
+            clear=stream.clear_message,
+            event=lambda payload: None,  # Twilio takes media, marks and clears only
+        )
+        try:
+            self.pipeline = await self.start_call(
+                transport="twilio",
+                agent=event.agent,
+                args=event.agent_args,
+                call_id=event.call_id,
+                carrier=CarrierFormat("mulaw", twilio.SAMPLE_RATE),
+                out=self.outbound,
+            )
+        except VoiceAgentError as exc:
+            self.end(f"refused: {exc}")
+            self.outbound.close(POLICY_VIOLATION, str(exc)[:120])
+            return
+        await self.pipeline.start()
 
 
 def _native_event(payload: dict[str, Any]) -> str:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-async def native_endpoint(ws: ServerConnection, start_call: StartCall) -> None:
-    stream = native.NativeStream()
-    pipeline: CallPipeline | None = None
-    outbound: SocketOutbound | None = None
-    reason = "caller hung up"
-    try:
-        async for message in ws:
-            if isinstance(message, bytes):
-                events = stream.receive_bytes(message)
-            else:
-                events = stream.receive_text(message)
-            for event in events:
-                if isinstance(event, native.Audio):
-                    if pipeline is not None:
-                        pipeline.audio(event.data)
-                elif isinstance(event, native.Mark):
-                    if pipeline is not None:
-                        pipeline.mark(event.name)
-                elif isinstance(event, native.Start):
-                    audio = event.audio
-                    # At most 1 s of audio per binary frame.
-                    frame = audio.bytes_for_ms(1000)
+class _NativeCall(_SocketCall):
+    def __init__(self, ws: MediaConnection, start_call: StartCall) -> None:
+        super().__init__(ws, start_call)
+        self.stream = native.NativeStream()
 
-                    def audio_frames(data: bytes, size: int = frame) -> list[str | bytes]:
-                        return list(_split(data, size))
+    def receive(self, message: Message) -> list[Any]:
+        if isinstance(message, bytes):
+            return list(self.stream.receive_bytes(message))
+        return list(self.stream.receive_text(message))
 
-                    outbound = SocketOutbound(
-                        ws,
-                        audio=audio_frames,
-                        mark=native.mark_event,
-                        clear=native.clear_event,
-                        event=_native_event,
-                    )
-                    try:
-                        pipeline = await start_call(
-                            transport="ws",
-                            agent=event.agent,
-                            args=event.args,
-                            call_id=None,
-                            carrier=CarrierFormat(
-                                cast(Encoding, audio.encoding), audio.sample_rate
-                            ),
-                            out=outbound,
-                        )
-                    except VoiceAgentError as exc:
-                        await ws.send(native.error_event("bad_start", str(exc)))
-                        await ws.close(POLICY_VIOLATION, str(exc)[:120])
-                        return
-                    await ws.send(native.started_event(pipeline.session.call_id, agent=event.agent))
-                    await pipeline.start()
-                elif isinstance(event, native.Dtmf):
-                    if pipeline is not None:
-                        pipeline.dtmf(event.digit)
-                elif isinstance(event, native.Stop):
-                    return
-                elif isinstance(event, ProtocolWarning):
-                    await ws.send(native.error_event(event.kind, event.message))
-    except ProtocolError as error:
-        reason = f"protocol error: {error.reason}"
+    def protocol_error(self, error: ProtocolError) -> None:
+        self.ws.write(native.error_event(error.kind, error.reason))
+        super().protocol_error(error)
+
+    def dispatch(self, event: Any) -> None:
+        pipeline = self.pipeline
+        if isinstance(event, native.Audio):
+            if pipeline is not None:
+                pipeline.audio(event.data)
+        elif isinstance(event, native.Mark):
+            if pipeline is not None:
+                pipeline.mark(event.name)
+        elif isinstance(event, native.Start):
+            self.begin_start(event)
+        elif isinstance(event, native.Dtmf):
+            if pipeline is not None:
+                pipeline.dtmf(event.digit)
+        elif isinstance(event, native.Stop):
+            self.end("caller hung up")
+        elif isinstance(event, ProtocolWarning):
+            self.ws.write(native.error_event(event.kind, event.message))
+
+    async def set_up(self, event: native.Start) -> None:
+        audio = event.audio
+        frame = audio.bytes_for_ms(native.MAX_AUDIO_FRAME_MS)
+        self.outbound = SocketOutbound(
+            self.ws,
+            audio=lambda data: list(_split(data, frame)),
+            mark=native.mark_event,
+            clear=native.clear_event,
+            event=_native_event,
+        )
         try:
-            await ws.send(native.error_event(error.kind, error.reason))
-        except ConnectionClosed:
-            pass
-        await _close(ws, error)
-    except ConnectionClosed:
-        reason = "connection lost"
-    finally:
-        if pipeline is not None:
-            await pipeline.hang_up(reason)
-        if outbound is not None:
-            await outbound.aclose()
+            self.pipeline = await self.start_call(
+                transport="ws",
+                agent=event.agent,
+                args=event.args,
+                call_id=None,
+                carrier=CarrierFormat(cast(Encoding, audio.encoding), audio.sample_rate),
+                out=self.outbound,
+            )
+        except VoiceAgentError as exc:
+            self.end(f"refused: {exc}")
+            self.ws.write(native.error_event("bad_start", str(exc)))
+            self.outbound.close(POLICY_VIOLATION, str(exc)[:120])
+            return
+        self.ws.write(native.started_event(self.pipeline.session.call_id, agent=event.agent))
+        await self.pipeline.start()
+
+
+async def twilio_endpoint(ws: MediaConnection, start_call: StartCall) -> None:
+    await _TwilioCall(ws, start_call).run()
+
+
+async def native_endpoint(ws: MediaConnection, start_call: StartCall) -> None:
+    await _NativeCall(ws, start_call).run()

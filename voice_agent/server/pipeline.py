@@ -61,12 +61,15 @@ class Engines:
     tts: Tts
 
 
-def core_config(voice: VoiceSettings, no_input_timeout_s: float) -> core.CoreConfig:
+def core_config(
+    voice: VoiceSettings, no_input_timeout_s: float, vad_release_ms: int = 0
+) -> core.CoreConfig:
     return core.CoreConfig(
         turn=TurnConfig(
             min_speech_ms=voice.turn.min_speech_ms,
             end_of_turn_silence_ms=voice.turn.end_of_turn_silence_ms,
             pre_roll_ms=voice.turn.pre_roll_ms,
+            vad_release_ms=vad_release_ms,
         ),
         interruption=core.InterruptionConfig(
             min_interruption_ms=voice.interruption.min_interruption_ms,
@@ -101,22 +104,28 @@ class CallPipeline:
         self.carrier = carrier
         self.out = out
         self._on_end = on_end
-        self.core = core.CallCore(
-            core_config(voice, session.agent.config.no_input_timeout_s),
-            bytes_per_ms=carrier.bytes_per_ms,
-            sample_bytes=carrier.sample_bytes,
-        )
         # Frames stay at the carrier's rate when VAD takes it: most of a call is silence, and
         # resampling it all for nothing would be the media path's largest cost. Only speech
         # going to STT is resampled, one stream per utterance.
         self.frame_rate = carrier.sample_rate if carrier.sample_rate in VAD_RATES else STT_RATE
         self.vad = engines.make_vad(self.frame_rate)
+        self.core = core.CallCore(
+            core_config(
+                voice,
+                session.agent.config.no_input_timeout_s,
+                vad_release_ms=getattr(self.vad, "release_ms", 0),
+            ),
+            bytes_per_ms=carrier.bytes_per_ms,
+            sample_bytes=carrier.sample_bytes,
+        )
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self._inbound = StreamResampler(carrier.sample_rate, self.frame_rate)
         self._framer = Framer(self.frame_rate * 2 * FRAME_MS // 1000)
         self._stt: SttStream | None = None
-        self._to_stt = StreamResampler(self.frame_rate, STT_RATE)
+        # A hosted STT takes the frames as they are; pocketsphinx needs 16 kHz.
+        self._stt_rate = engines.stt.sample_rate or self.frame_rate
+        self._to_stt = self._stt_resampler()
         self._turn: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._synth_queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
@@ -130,6 +139,11 @@ class CallPipeline:
         session.audit.subscribe(self._on_audit)
 
     # ---- clock and tasks ---------------------------------------------------------------
+
+    def _stt_resampler(self) -> StreamResampler | None:
+        if self._stt_rate == self.frame_rate:
+            return None
+        return StreamResampler(self.frame_rate, self._stt_rate)
 
     def now_ms(self) -> float:
         return (self._loop.time() - self._t0) * 1000
@@ -215,7 +229,8 @@ class CallPipeline:
         for action in actions:
             if isinstance(action, core.FeedStt):
                 if self._stt is not None:
-                    self._stt.push(self._to_stt.process(action.frame))
+                    to_stt = self._to_stt
+                    self._stt.push(to_stt.process(action.frame) if to_stt else action.frame)
             elif isinstance(action, core.SendAudio):
                 self.out.audio(action.audio)
                 if self.recorder is not None:
@@ -225,12 +240,12 @@ class CallPipeline:
             elif isinstance(action, core.StartStt):
                 if self._stt is not None:
                     self._stt.cancel()
-                self._stt = self.engines.stt.start()
-                self._to_stt = StreamResampler(self.frame_rate, STT_RATE)
+                self._stt = self.engines.stt.start(self._stt_rate)
+                self._to_stt = self._stt_resampler()
             elif isinstance(action, core.FinishStt):
                 stream, self._stt = self._stt, None
                 if stream is not None:
-                    tail = self._to_stt.flush()
+                    tail = self._to_stt.flush() if self._to_stt else b""
                     if tail:
                         stream.push(tail)
                     self._spawn(self._finish_stt(stream))

@@ -1,5 +1,6 @@
 """The speech-to-text interface the pipeline uses: an Stt engine opens one SttStream per caller
-utterance, fed 16 kHz PCM16 mono frames while the caller speaks."""
+utterance, fed PCM16 mono frames while the caller speaks (16 kHz, or any rate for an engine
+whose `sample_rate` is None)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,13 @@ class SttStream(Protocol):
 
 
 class Stt(Protocol):
-    sample_rate: int
+    @property
+    def sample_rate(self) -> int | None:
+        """The rate streams must be fed; None: any rate, named at start(). A hosted service
+        takes the caller's 8 kHz as it is, which saves resampling every frame of speech."""
+        ...
 
-    def start(self) -> SttStream:
+    def start(self, sample_rate: int = SAMPLE_RATE) -> SttStream:
         """A stream for one new utterance. Cheap: heavy set-up happens off the event loop."""
         ...
 
@@ -63,3 +68,8 @@ class SttConfig:
 
 class SttError(VoiceAgentError):
     """Recognition failed (engine error, unreachable or refusing transcription service)."""
+
+
+def require_rate(engine: str, sample_rate: int) -> None:
+    if sample_rate != SAMPLE_RATE:
+        raise ValueError(f"{engine} takes {SAMPLE_RATE} Hz audio, not {sample_rate} Hz")

@@ -16,7 +16,7 @@ DEFAULT_MODEL = "gpt-4o-mini-transcribe"
 # Local OpenAI-compatible servers often need no key, but the SDK refuses to start without one.
 _PLACEHOLDER_KEY = "no-key-configured"
 # The API rejects audio shorter than 0.1 s; such a blip holds no words anyway.
-_MIN_AUDIO_BYTES = SAMPLE_RATE * SAMPLE_WIDTH // 10
+_MIN_AUDIO_S = 0.1
 
 
 def wav_bytes(pcm: bytes, sample_rate: int = SAMPLE_RATE) -> bytes:
@@ -31,8 +31,9 @@ def wav_bytes(pcm: bytes, sample_rate: int = SAMPLE_RATE) -> bytes:
 
 
 class OpenAiStream:
-    def __init__(self, engine: OpenAiStt) -> None:
+    def __init__(self, engine: OpenAiStt, sample_rate: int = SAMPLE_RATE) -> None:
         self._engine = engine
+        self.sample_rate = sample_rate
         self._audio = bytearray()
         self._open = True
         self._cancelled = False
@@ -46,10 +47,10 @@ class OpenAiStream:
 
     async def finish(self) -> Transcript:
         self._open = False
-        if self._cancelled or len(self._audio) < _MIN_AUDIO_BYTES:
+        if self._cancelled or len(self._audio) < _MIN_AUDIO_S * SAMPLE_WIDTH * self.sample_rate:
             return Transcript("")
         audio = bytes(self._audio[: len(self._audio) - len(self._audio) % SAMPLE_WIDTH])
-        return await self._engine.transcribe(audio)
+        return await self._engine.transcribe(audio, self.sample_rate)
 
     def cancel(self) -> None:
         self._open = False
@@ -62,7 +63,7 @@ class OpenAiStt:
     variables (OPENAI_BASE_URL, OPENAI_API_KEY); with no key at all a placeholder is sent, which
     local servers accept and OpenAI answers with 401."""
 
-    sample_rate = SAMPLE_RATE
+    sample_rate = None  # the service takes any rate: the caller's audio goes as it is
 
     def __init__(
         self,
@@ -85,15 +86,15 @@ class OpenAiStt:
             )
         self._client = client
 
-    def start(self) -> OpenAiStream:
-        return OpenAiStream(self)
+    def start(self, sample_rate: int = SAMPLE_RATE) -> OpenAiStream:
+        return OpenAiStream(self, sample_rate)
 
-    async def transcribe(self, pcm: bytes) -> Transcript:
-        """One utterance's 16 kHz PCM16 mono audio to text."""
+    async def transcribe(self, pcm: bytes, sample_rate: int = SAMPLE_RATE) -> Transcript:
+        """One utterance's PCM16 mono audio to text."""
         try:
             result = await self._client.audio.transcriptions.create(
                 model=self.model,
-                file=("audio.wav", wav_bytes(pcm), "audio/wav"),
+                file=("audio.wav", wav_bytes(pcm, sample_rate), "audio/wav"),
                 language=self._language or openai.omit,
             )
         except openai.APIStatusError as e:

@@ -14,7 +14,13 @@ from typing import Any, Literal
 import numpy as np
 from pocketsphinx import Decoder
 
-from voice_agent.engines.stt.base import SAMPLE_RATE, SAMPLE_WIDTH, SttError, Transcript
+from voice_agent.engines.stt.base import (
+    SAMPLE_RATE,
+    SAMPLE_WIDTH,
+    SttError,
+    Transcript,
+    require_rate,
+)
 from voice_agent.engines.stt.domain_lm import DomainLm
 
 log = logging.getLogger(__name__)
@@ -388,7 +394,8 @@ class PocketsphinxStt:
         """Create `count` idle decoders now (on the executor), so first utterances need not."""
         await asyncio.wrap_future(self._executor.submit(self.pool.fill, count))
 
-    def start(self) -> PocketsphinxStream:
+    def start(self, sample_rate: int = SAMPLE_RATE) -> PocketsphinxStream:
+        require_rate("pocketsphinx", sample_rate)
         if self._closed:
             raise SttError("speech recognition is closed")
         return PocketsphinxStream(

@@ -28,7 +28,7 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
-from voice_agent.engines.stt.base import SAMPLE_RATE, SttError, Transcript
+from voice_agent.engines.stt.base import SAMPLE_RATE, SttError, Transcript, require_rate
 from voice_agent.engines.stt.domain_lm import DomainLm
 from voice_agent.engines.stt.pocketsphinx import (
     NOISE_SEED,
@@ -594,7 +594,8 @@ class ProcessPoolStt:
         """How many workers have loaded the model."""
         return sum(worker.state is _WorkerState.READY for worker in self._workers)
 
-    def start(self) -> PoolStream:
+    def start(self, sample_rate: int = SAMPLE_RATE) -> PoolStream:
+        require_rate("pocketsphinx", sample_rate)
         if self.closed:
             raise SttError("speech recognition is closed")
         stream = PoolStream(next(self._ids), asyncio.get_running_loop())

@@ -16,6 +16,9 @@ class Vad(Protocol):
 
     sample_rate: int
     frame_ms: int  # every frame passed to is_speech must be exactly this long (20 ms)
+    # How long after speech really ends the detector still answers "speech" (its hangover);
+    # turn detection counts it as silence already heard.
+    release_ms: int
 
     def is_speech(self, frame: bytes) -> bool: ...
 
