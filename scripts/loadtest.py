@@ -52,6 +52,14 @@ from loadgen.paths import DEFAULT_CONFIG
 from loadgen.run import main_async
 
 
+def _cpus(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n")[0],
@@ -70,6 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--token", help="API token of a server that requires one")
     parser.add_argument("--server-pid", type=int, help="pid to sample with --url")
     parser.add_argument("--mode", choices=("embedded", "hosted"), default="embedded")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="server worker processes (voice-agent serve)"
+    )
+    parser.add_argument(
+        "--server-cpus",
+        type=_cpus,
+        help="Linux: CPUs (e.g. 0 or 0-1) for the server it starts; the load generator and the "
+        "engine stand-in then keep to the others, so neither takes the server's CPU time",
+    )
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="config the server runs")
     parser.add_argument("--agent", help="agent to call (default: the server's default)")
     parser.add_argument("--out", help="result JSON path (the PNG goes next to it)")

@@ -16,6 +16,7 @@ from voice_agent.audio import (
     alaw_decode,
     alaw_encode,
     frame_bytes,
+    g711,
     read_wav,
     rms_dbfs,
     silence,
@@ -111,6 +112,12 @@ def test_decode_is_symmetric() -> None:
     alaw = samples(alaw_decode(ALL_CODES))
     assert np.array_equal(ulaw[:128], -ulaw[128:])
     assert np.array_equal(alaw[:128], -alaw[128:])
+
+
+def test_decoding_matches_the_g191_expansion_tables_for_every_code() -> None:
+    # Decoding goes through audioop; the tables built from G.711's formulas are the reference.
+    assert ulaw_decode(ALL_CODES) == g711._ULAW_TO_PCM.tobytes()
+    assert alaw_decode(ALL_CODES) == g711._ALAW_TO_PCM.tobytes()
 
 
 def test_encode_of_decode_gives_every_code_back() -> None:

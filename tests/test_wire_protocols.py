@@ -237,7 +237,7 @@ LINEAR16 = {"encoding": "audio/l16", "sampleRate": 16000, "channels": 1}
 STEREO = {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 2}
 NO_MEDIA = json.dumps({"event": "media", "sequenceNumber": "2", "streamSid": STREAM})
 NAMELESS = json.dumps({"event": "mark", "sequenceNumber": "2", "streamSid": STREAM, "mark": {}})
-BAD_JSON = "message is not valid JSON: Expecting property name enclosed in double quotes"
+BAD_JSON = "message is not valid JSON: unexpected character, expected a string key"
 MONO_8K = "audio/x-mulaw 8000 Hz mono"
 ULAW_LIMIT = "exceeds 1600 (200 ms of 8 kHz mu-law)"
 

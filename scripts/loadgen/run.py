@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,13 @@ from .stats import fmt, percentile
 
 def _visible(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
+
+
+def _pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+    """For Popen: the child (and what it starts) runs on these CPUs only."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 def free_port() -> int:
@@ -205,8 +213,19 @@ class Run:
 
     # -- processes -------------------------------------------------------------------------
 
+    @property
+    def client_cpus(self) -> set[int] | None:
+        """The CPUs the server was not given, when it was given some."""
+        if not self.args.server_cpus:
+            return None
+        return set(os.sched_getaffinity(0)) - set(self.args.server_cpus) or None
+
     async def start(self) -> None:
         args = self.args
+        if args.server_cpus and args.url is None:
+            if self.client_cpus is None:
+                raise SystemExit("loadtest: --server-cpus leaves no CPU for the load generator")
+            os.sched_setaffinity(0, self.client_cpus)
         if args.url is not None:
             parts = urlsplit(args.url)
             scheme = "https" if parts.scheme in ("wss", "https") else "http"
@@ -231,6 +250,8 @@ class Run:
             command.append("voice_agent.cli")
         command += ["serve", "--config", str(config_path), "--port", str(port)]
         command += ["--data-dir", str(data_dir)]
+        if args.workers != 1:
+            command += ["--workers", str(args.workers)]
         env = {
             **os.environ,
             "VOICE_AGENT_DATA_DIR": str(data_dir),
@@ -238,7 +259,12 @@ class Run:
         }
         log = self.server_log.open("wb")
         self.server = subprocess.Popen(  # noqa: ASYNC220 - once, before anything is measured
-            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_pinned(args.server_cpus),
         )
         self.base_url = f"http://127.0.0.1:{port}"
         self.http = httpx.AsyncClient(base_url=self.base_url)
@@ -295,7 +321,7 @@ class Run:
         ]
         log = self.standin_log.open("wb")
         self.standin = subprocess.Popen(  # noqa: ASYNC220 - once, before anything is measured
-            command, stdout=subprocess.PIPE, stderr=log
+            command, stdout=subprocess.PIPE, stderr=log, preexec_fn=_pinned(self.client_cpus)
         )
         assert self.standin.stdout is not None
         try:

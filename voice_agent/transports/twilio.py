@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NoReturn
 
+import orjson
+
 from voice_agent.transports.errors import (
     MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
@@ -197,7 +199,8 @@ class TwilioStream:
                 kind="message_too_big",
             )
         try:
-            message = json.loads(text)
+            # orjson: a third of json's time on the 50 media messages a second of every call.
+            message = orjson.loads(text)
         except ValueError as exc:
             raise _malformed(f"message is not valid JSON: {exc}") from None
         if not isinstance(message, dict):
