@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--workers", type=int, default=1, help="server worker processes (voice-agent serve)"
     )
     parser.add_argument(
+        "--max-calls",
+        type=int,
+        help="server.max_calls of the server it starts: calls beyond it are refused (1013)",
+    )
+    parser.add_argument(
         "--server-cpus",
         type=_cpus,
         help="Linux: CPUs (e.g. 0 or 0-1) for the server it starts; the load generator and the "

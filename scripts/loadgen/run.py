@@ -64,11 +64,15 @@ def _absolute(value: str, base: Path) -> str:
 
 
 def server_config(
-    source: Path, mode: str, standin_url: str | None, data_dir: Path
+    source: Path,
+    mode: str,
+    standin_url: str | None,
+    data_dir: Path,
+    max_calls: int | None = None,
 ) -> dict[str, Any]:
     """The config the script's server runs: `source` with its paths made absolute (the copy
-    lives elsewhere), call records in `data_dir`, and in hosted mode every engine and LLM
-    pointed at the stand-in."""
+    lives elsewhere), call records in `data_dir`, in hosted mode every engine and LLM pointed
+    at the stand-in, and `max_calls` (admission control) when given."""
     config: dict[str, Any] = yaml.safe_load(source.read_text())
     base = source.parent
     for agent in config.get("agents", {}).values():
@@ -98,7 +102,10 @@ def server_config(
             "api_key": "loadtest",
             "model": "stand-in-tts",
         }
-    config.setdefault("server", {})["data_dir"] = str(data_dir)
+    server = config.setdefault("server", {})
+    server["data_dir"] = str(data_dir)
+    if max_calls is not None:
+        server["max_calls"] = max_calls
     return config
 
 
@@ -282,7 +289,7 @@ class Run:
         data_dir = self.tmp / "data"
         data_dir.mkdir()
         source = Path(args.config).resolve()
-        config = server_config(source, args.mode, standin_url, data_dir)
+        config = server_config(source, args.mode, standin_url, data_dir, args.max_calls)
         config_path = self.tmp / "agents.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         loaded = load_config(config_path)  # fails here, naming the file and key, if invalid

@@ -1,0 +1,113 @@
+"""The media sockets over real WebSockets on localhost: each message is handled as it arrives
+(voice_agent/server/media_socket.py), so these check what a queue and a handler task used to
+give for free: nothing a caller sends while the call is being set up is lost, and a failure
+while handling one call's message ends that call and no other."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.support.configs import ended_call, serving
+from voice_agent.callers import TwilioClient
+from voice_agent.server import endpoints
+from voice_agent.server.app import VoiceServer
+from voice_agent.server.media_socket import Message
+from voice_agent.transports import twilio
+
+ROOT = Path(__file__).parent.parent
+AUDIO = ROOT / "tests" / "fixtures" / "audio"
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def server() -> AsyncIterator[VoiceServer]:
+    async for voice_server in serving(ROOT / "config" / "agents.yaml"):
+        yield voice_server
+
+
+def caller(server: VoiceServer, call_sid: str) -> TwilioClient:
+    return TwilioClient(f"ws://127.0.0.1:{server.port}/twilio", call_sid=call_sid, timeout=60)
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def dtmf_events(audit: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["data"] for e in audit if e["type"] == "event" and e["name"] == "dtmf"]
+
+
+async def test_messages_sent_while_the_call_is_set_up_are_kept(
+    server: VoiceServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The call's set-up is held open until the caller's DTMF has reached the server, so the
+    # digit arrives before the call's pipeline exists.
+    entered, release = asyncio.Event(), asyncio.Event()
+    start_call = server.start_call
+
+    async def held_start_call(**kwargs: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await start_call(**kwargs)
+
+    delivered: list[Message] = []
+    on_message = endpoints._SocketCall.on_message
+
+    def recording(self: endpoints._SocketCall, message: Message) -> None:
+        delivered.append(message)
+        on_message(self, message)
+
+    monkeypatch.setattr(server, "start_call", held_start_call)
+    monkeypatch.setattr(endpoints._SocketCall, "on_message", recording)
+
+    async with caller(server, "CAheld") as phone:
+        await asyncio.wait_for(entered.wait(), 20)
+        await phone.send_dtmf("7")
+        await until(lambda: any('"dtmf"' in str(m) for m in delivered), "the DTMF to arrive")
+        release.set()
+        await until(lambda: "CAheld" in server.pipelines, "the call to start")
+        session = server.pipelines["CAheld"].session
+        await until(
+            lambda: bool(dtmf_events([e.as_dict() for e in session.audit.events])),
+            "the DTMF event",
+        )
+    call = await ended_call(server, "CAheld")
+    assert dtmf_events(call["audit"]) == [{"digit": "7"}]
+
+
+async def test_a_failure_handling_one_calls_message_ends_that_call_only(
+    server: VoiceServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dispatch = endpoints._TwilioCall.dispatch
+
+    def failing(self: endpoints._TwilioCall, event: Any) -> None:
+        if isinstance(event, twilio.Dtmf) and event.digit == "9":
+            raise RuntimeError("a bug in handling one message")
+        dispatch(self, event)
+
+    monkeypatch.setattr(endpoints._TwilioCall, "dispatch", failing)
+    async with caller(server, "CAfine") as fine, caller(server, "CAbroken") as broken:
+        await fine.wait_audio(1)
+        await broken.wait_audio(1)
+        await broken.send_dtmf("9")
+        code, reason = await broken.wait_closed()
+        assert (code, reason) == (1011, "internal error")
+        # The other call goes on: it answers what its caller says next.
+        await fine.wait_silence_after_audio(500)
+        heard = fine.received_ms
+        await fine.send_audio((AUDIO / "joe_book1.ulaw").read_bytes())
+        await fine.wait_audio(heard + 1)
+        assert not fine.closed
+    broken_call = await ended_call(server, "CAbroken")
+    assert broken_call["end_reason"] == "connection lost"
