@@ -8,6 +8,7 @@ import concurrent.futures
 import itertools
 import json
 import re
+import socket
 import wave
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
@@ -17,6 +18,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from voice_agent.engines.stt import SttError
+from voice_agent.engines.stt.openai import OpenAiStt
 from voice_agent.engines.tts import TtsChunk, TtsConfig, TtsError, make_tts
 from voice_agent.engines.tts.base import Tts
 from voice_agent.engines.tts.espeak import EspeakTts
@@ -424,3 +427,22 @@ def test_audio_fixtures_are_listed_and_readable() -> None:
         for steps in voice.values():
             assert all(step.startswith("/") or step in entries for step in steps)
     assert sum(p.stat().st_size for p in FIXTURES.iterdir()) < 5 * 1024 * 1024
+
+
+async def test_hosted_engines_say_when_their_server_cannot_be_reached() -> None:
+    # A port that is bound but not listening refuses connections at once.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        base_url = f"http://127.0.0.1:{port}/v1"
+        tts = OpenAITts(TtsConfig(provider="openai", base_url=base_url))
+        stt = OpenAiStt(base_url=base_url, max_retries=0)
+        try:
+            with pytest.raises(TtsError, match=f"cannot connect to 127.0.0.1:{port}"):
+                async for _ in tts.synthesize("Hello."):
+                    pass
+            with pytest.raises(SttError, match=f"cannot connect to 127.0.0.1:{port}"):
+                await stt.transcribe(bytes(8000))
+        finally:
+            await tts.aclose()
+            await stt.aclose()

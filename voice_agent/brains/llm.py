@@ -19,6 +19,7 @@ import openai
 from openai import AsyncOpenAI, AsyncStream
 from openai.types.chat import ChatCompletionChunk
 
+from voice_agent.engines.openai_http import connection_failure, http_client
 from voice_agent.errors import LlmError
 
 __all__ = ["ChatLLM", "LlmEvent", "LlmSettings", "TextDelta", "ToolCallRequest"]
@@ -154,6 +155,7 @@ class ChatLLM:
                 api_key=key,
                 max_retries=0,
                 timeout=settings.request_timeout_s,
+                http_client=http_client(settings.request_timeout_s),
             )
             self._owns_client = True
         else:
@@ -319,6 +321,9 @@ class ChatLLM:
             return _Failure("malformed stream: it ended without a finish_reason", retryable=True)
         if isinstance(exc, json.JSONDecodeError):
             return _Failure(f"malformed stream: a chunk is not valid JSON ({exc})", retryable=True)
+        unreachable = connection_failure(exc)
+        if unreachable is not None:
+            return _Failure(f"cannot reach {self._client.base_url} ({unreachable})", retryable=True)
         if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
             return _Failure(f"no response within the {timeout_s:g}s request timeout", True)
         if isinstance(exc, openai.APIConnectionError):

@@ -10,6 +10,7 @@ import wave
 import openai
 from openai import AsyncOpenAI
 
+from voice_agent.engines.openai_http import connection_failure, http_client
 from voice_agent.engines.stt.base import SAMPLE_RATE, SAMPLE_WIDTH, SttError, Transcript
 
 DEFAULT_MODEL = "gpt-4o-mini-transcribe"
@@ -82,7 +83,11 @@ class OpenAiStt:
         if client is None:
             key = api_key or os.environ.get("OPENAI_API_KEY") or _PLACEHOLDER_KEY
             client = AsyncOpenAI(
-                base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries
+                base_url=base_url,
+                api_key=key,
+                timeout=timeout_s,
+                max_retries=max_retries,
+                http_client=http_client(timeout_s),
             )
         self._client = client
 
@@ -100,7 +105,7 @@ class OpenAiStt:
         except openai.APIStatusError as e:
             raise SttError(f"transcription failed: HTTP {e.status_code}: {e.message}") from e
         except openai.APIError as e:
-            raise SttError(f"transcription failed: {e.message}") from e
+            raise SttError(f"transcription failed: {connection_failure(e) or e.message}") from e
         text = (result if isinstance(result, str) else result.text).strip()
         return Transcript(text, None, tuple(text.split()))
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import openai
 
+from voice_agent.engines.openai_http import connection_failure, http_client
 from voice_agent.engines.tts.base import TtsChunk, TtsConfig, TtsError
 from voice_agent.errors import ConfigError
 
@@ -49,7 +50,11 @@ class OpenAITts:
         self.voice = config.voice or DEFAULT_VOICE
         self.speed = config.speed
         self._client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=_MAX_RETRIES, timeout=_TIMEOUT_S
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=_MAX_RETRIES,
+            timeout=_TIMEOUT_S,
+            http_client=http_client(_TIMEOUT_S),
         )
 
     async def synthesize(self, text: str) -> AsyncIterator[TtsChunk]:
@@ -78,7 +83,8 @@ class OpenAITts:
                 status=exc.status_code,
             ) from exc
         except openai.APIError as exc:
-            raise TtsError(f"speech request failed: {exc.message}") from exc
+            reason = connection_failure(exc) or exc.message
+            raise TtsError(f"speech request failed: {reason}") from exc
 
     async def aclose(self) -> None:
         await self._client.close()
