@@ -27,7 +27,7 @@ from voice_agent.core.call import (
     TurnMetrics,
 )
 from voice_agent.core.playback import Word
-from voice_agent.core.turns import TurnConfig
+from voice_agent.core.turns import TurnConfig, TurnDetector
 
 FRAME = b"\x00" * 640
 BYTES_PER_MS = 8.0  # 8 kHz mu-law
@@ -122,6 +122,58 @@ def test_the_vads_hangover_counts_towards_the_end_of_turn_silence() -> None:
     d.frames(600, speech=True)
     assert not of(FinishStt, d.frames(380, speech=False))
     assert of(FinishStt, d.frames(20, speech=False))
+
+
+def level_frame(amplitude: int) -> bytes:
+    """20 ms at 16 kHz of a square wave: its RMS is `amplitude`."""
+    return (
+        amplitude.to_bytes(2, "little", signed=True)
+        + (-amplitude).to_bytes(2, "little", signed=True)
+    ) * 160
+
+
+def ends_after(detector: TurnDetector, frames: list[tuple[bytes, bool]]) -> int | None:
+    """Feeds the frames (20 ms each); the ms, from the first, at which the turn ended."""
+    for index, (frame, speech) in enumerate(frames):
+        if detector.feed(frame, speech, (index + 1) * 20.0).ended:
+            return (index + 1) * 20
+    return None
+
+
+def test_a_quiet_tail_the_vad_calls_speech_counts_as_silence() -> None:
+    # 600 ms of speech, then a tail the VAD calls speech for 200 ms at 40 dB below the speech,
+    # then silence. The turn ends 500 ms after the last loud frame, not 500 ms after the VAD
+    # gave up on the tail.
+    config = TurnConfig(min_speech_ms=100, end_of_turn_silence_ms=500, vad_release_ms=100)
+    loud, quiet, silent = level_frame(10_000), level_frame(100), level_frame(0)
+    frames = [(loud, True)] * 30 + [(quiet, True)] * 10 + [(silent, False)] * 40
+    assert ends_after(TurnDetector(config), frames) == 600 + 500
+
+
+def test_without_the_quiet_gate_the_vad_alone_decides() -> None:
+    config = TurnConfig(
+        min_speech_ms=100, end_of_turn_silence_ms=500, vad_release_ms=100, quiet_db=None
+    )
+    loud, quiet, silent = level_frame(10_000), level_frame(100), level_frame(0)
+    frames = [(loud, True)] * 30 + [(quiet, True)] * 10 + [(silent, False)] * 40
+    # The tail is speech; the VAD's hangover (100 ms) is taken off its end.
+    assert ends_after(TurnDetector(config), frames) == 600 + 200 + 400
+
+
+def test_a_loud_tail_in_noise_falls_back_on_the_vads_hangover() -> None:
+    # Background noise keeps the hangover frames loud: the VAD's release is what is known.
+    config = TurnConfig(min_speech_ms=100, end_of_turn_silence_ms=500, vad_release_ms=100)
+    loud, noise = level_frame(10_000), level_frame(3_000)
+    frames = [(loud, True)] * 30 + [(noise, True)] * 5 + [(noise, False)] * 40
+    assert ends_after(TurnDetector(config), frames) == 600 + 100 + 400
+
+
+def test_loud_speech_after_a_quiet_stretch_keeps_the_turn_going() -> None:
+    config = TurnConfig(min_speech_ms=100, end_of_turn_silence_ms=500, vad_release_ms=100)
+    loud, quiet, silent = level_frame(10_000), level_frame(100), level_frame(0)
+    frames = [(loud, True)] * 30 + [(quiet, True)] * 20 + [(loud, True)] * 10
+    frames += [(silent, False)] * 40
+    assert ends_after(TurnDetector(config), frames) == 600 + 400 + 200 + 400
 
 
 def test_short_silences_inside_an_utterance_do_not_end_it() -> None:

@@ -154,6 +154,9 @@ class TurnSettings(_Strict):
     min_speech_ms: int = Field(default=100, ge=20)
     end_of_turn_silence_ms: int = Field(default=600, ge=100)
     pre_roll_ms: int = Field(default=300, ge=0)
+    # Speech frames this many dB below the utterance's loudest end the turn like silence;
+    # null: the VAD alone decides.
+    quiet_db: float | None = Field(default=35.0, gt=0)
 
 
 class InterruptionSettings(_Strict):

@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 
-__all__ = ["Framer", "frame_bytes", "rms_dbfs", "silence"]
+from voice_agent.audio._audioop import audioop
+
+__all__ = ["Framer", "frame_bytes", "frame_rms", "rms_dbfs", "silence"]
 
 
 def frame_bytes(sample_rate: int, frame_ms: int) -> int:
@@ -22,6 +24,12 @@ def frame_bytes(sample_rate: int, frame_ms: int) -> int:
 def silence(ms: int, sample_rate: int) -> bytes:
     """Digital silence (zero samples) lasting `ms` at `sample_rate`."""
     return bytes(frame_bytes(sample_rate, ms))
+
+
+def frame_rms(pcm: bytes) -> int:
+    """RMS amplitude of native-endian PCM16 samples (0 to 32767): a fraction of a microsecond for
+    a 20 ms frame, cheap enough for every frame of every call."""
+    return int(audioop.rms(pcm, 2))
 
 
 def rms_dbfs(pcm: bytes) -> float:

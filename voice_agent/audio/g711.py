@@ -11,16 +11,11 @@ differently from G.191.
 from __future__ import annotations
 
 import sys
-import warnings
 
 import numpy as np
 import numpy.typing as npt
 
-with warnings.catch_warnings():
-    # Deprecated in the standard library of 3.11-3.12 only; the same module lives on in the
-    # audioop-lts package, which is what 3.13 and later import here.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import audioop
+from voice_agent.audio._audioop import audioop
 
 __all__ = ["alaw_decode", "alaw_encode", "ulaw_decode", "ulaw_encode"]
 

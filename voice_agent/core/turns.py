@@ -2,12 +2,20 @@
 
 A pre-roll of recent frames goes to STT with the first speech frames, so the first syllable,
 which VAD only recognises after it began, is not lost.
+
+The end-of-turn silence is counted from the best estimate of when the caller's speech really
+ended. A VAD goes on saying "speech" after that (its hangover, and often a few frames of a
+decaying tail), so the estimate is the earlier of: the end of the last speech frame within
+`quiet_db` of the utterance's loudest frame, and the VAD's own last speech frame less the
+hangover it declares (`vad_release_ms`, what remains when background noise keeps the tail loud).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+from voice_agent.audio.frames import frame_rms
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,9 @@ class TurnConfig:
     # the VAD first says silence, so the turn ends end_of_turn_silence_ms after the real end of
     # speech rather than that long after the VAD noticed.
     vad_release_ms: int = 0
+    # Speech frames this far below the utterance's loudest frame count as silence towards the
+    # end of the turn (not for starting one, nor for what STT gets); None: only the VAD decides.
+    quiet_db: float | None = 35.0
     # Silence after speech that STT still gets; the rest of the end-of-turn wait is held back
     # (and released only if speech resumes), since STT engines hallucinate words in silence.
     stt_tail_ms: int = 200
@@ -46,8 +57,11 @@ class TurnDetector:
         self._silence_run_ms = 0
         self.in_speech = False
         self.speech_start_ms: float | None = None  # when the current utterance's speech began
-        self.speech_end_ms: float | None = None  # end of the last speech frame heard
+        self.speech_end_ms: float | None = None  # end of the caller's speech, best estimate
         self._held: list[bytes] = []
+        self._peak = 0  # the utterance's loudest speech frame, RMS
+        self._quiet_ratio = 10 ** (config.quiet_db / 20) if config.quiet_db is not None else None
+        self._vad_silent = False  # the VAD has said silence since the last loud speech frame
 
     def feed(self, frame: bytes, is_speech: bool, now_ms: float) -> TurnStep:
         """`now_ms` is the time at the end of this frame."""
@@ -62,26 +76,51 @@ class TurnDetector:
                 return _NOTHING
             self.in_speech = True
             self._silence_run_ms = 0
+            self._vad_silent = False
+            self._peak = frame_rms(frame)
             self.speech_start_ms = now_ms - self._speech_run_ms
             self.speech_end_ms = now_ms
             frames = list(self._pre_roll)
             self._pre_roll.clear()
             return TurnStep(started=True, stt_frames=frames)
         if is_speech:
-            self._silence_run_ms = 0
-            self.speech_end_ms = now_ms
+            if self._loud(frame):
+                self._silence_run_ms = 0
+                self._vad_silent = False
+                self.speech_end_ms = now_ms
+            else:
+                self._silence_run_ms += frame_ms  # a quiet tail: the caller has stopped
             frames, self._held = [*self._held, frame], []
-            return TurnStep(stt_frames=frames)
-        self._silence_run_ms += frame_ms
-        if self._silence_run_ms + self.config.vad_release_ms >= self.config.end_of_turn_silence_ms:
+            step = TurnStep(stt_frames=frames)
+        else:
+            if not self._vad_silent:
+                # The VAD's first "silence" since loud speech: its hangover, less the quiet
+                # frames already counted, had passed since the speech ended.
+                self._vad_silent = True
+                self._silence_run_ms += max(0, self.config.vad_release_ms - self._silence_run_ms)
+            self._silence_run_ms += frame_ms
+            step = TurnStep()
+        if self._silence_run_ms >= self.config.end_of_turn_silence_ms:
             self.in_speech = False
             self._speech_run_ms = 0
             self._held.clear()
             return TurnStep(ended=True)
+        if is_speech:
+            return step
         if self._silence_run_ms <= self.config.stt_tail_ms:
             return TurnStep(stt_frames=[frame])
         self._held.append(frame)
-        return TurnStep()
+        return step
+
+    def _loud(self, frame: bytes) -> bool:
+        """Whether a speech frame is within quiet_db of the utterance's loudest (and note it)."""
+        ratio = self._quiet_ratio
+        if ratio is None:
+            return True
+        level = frame_rms(frame)
+        if level > self._peak:
+            self._peak = level
+        return level * ratio >= self._peak
 
     def speech_ms(self, now_ms: float) -> float:
         """How long the current utterance has lasted (0 outside one)."""

@@ -70,6 +70,7 @@ def core_config(
             end_of_turn_silence_ms=voice.turn.end_of_turn_silence_ms,
             pre_roll_ms=voice.turn.pre_roll_ms,
             vad_release_ms=vad_release_ms,
+            quiet_db=voice.turn.quiet_db,
         ),
         interruption=core.InterruptionConfig(
             min_interruption_ms=voice.interruption.min_interruption_ms,
