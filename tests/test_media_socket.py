@@ -6,12 +6,14 @@ while handling one call's message ends that call and no other."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from websockets.asyncio.client import connect
 
 from tests.support.configs import ended_call, serving
 from voice_agent.callers import TwilioClient
@@ -111,3 +113,22 @@ async def test_a_failure_handling_one_calls_message_ends_that_call_only(
         assert not fine.closed
     broken_call = await ended_call(server, "CAbroken")
     assert broken_call["end_reason"] == "connection lost"
+
+
+async def test_closing_the_socket_cleanly_is_a_hang_up_and_dropping_it_is_a_lost_call(
+    server: VoiceServer,
+) -> None:
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    ends = {}
+    for how in ("close", "drop"):
+        async with connect(url) as ws:
+            await ws.send(json.dumps({"type": "start"}))
+            started = json.loads(await ws.recv())
+            assert started["type"] == "started"
+            if how == "close":
+                await ws.close()
+            else:
+                ws.transport.abort()
+        call = await ended_call(server, started["call_id"])
+        ends[how] = call["end_reason"]
+    assert ends == {"close": "caller hung up", "drop": "connection lost"}

@@ -30,6 +30,7 @@ MAX_UNSENT_BYTES = 2 * 1024 * 1024
 # second instead of per 20 ms frame sends 25 times fewer messages for the same audio.
 TWILIO_OUTBOUND_BYTES = 4000  # 500 ms of 8 kHz mu-law
 INTERNAL_ERROR = 1011
+_CLEAN = {1000, 1001}  # normal closure, going away
 
 StartCall = Callable[..., Awaitable[CallPipeline]]
 
@@ -131,7 +132,7 @@ class _SocketCall:
         try:
             waiting: set[asyncio.Future[Any]] = {self._ended, closed}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            reason = self._ended.result() if self._ended.done() else "connection lost"
+            reason = self._ended.result() if self._ended.done() else self._close_reason()
         finally:
             closed.cancel()
             if self._starting is not None and not self._starting.done():
@@ -143,6 +144,14 @@ class _SocketCall:
             await self.pipeline.hang_up(reason)
         if self.outbound is not None:
             await self.outbound.aclose()
+
+    def _close_reason(self) -> str:
+        # A clean closing handshake is a hang-up without a stop message; anything else (the
+        # TCP connection dropped, an error code) is a lost connection.
+        received, sent = self.ws.protocol.close_rcvd, self.ws.protocol.close_sent
+        if received is not None and sent is not None and {received.code, sent.code} <= _CLEAN:
+            return "caller hung up"
+        return "connection lost"
 
     def end(self, reason: str) -> None:
         if not self._ended.done():
