@@ -202,9 +202,10 @@ class Run:
         """Caller speech end -> first audio, less what the server was configured to wait and
         the stand-in to take: end-of-turn silence, STT delay, the LLM's first-token delay (LLM
         agents), TTS first byte and the streaming of the first unit's audio. Hosted mode only,
-        where those are known. What stays in besides the server's own work: VAD noticing the
-        end of speech (about 100 ms after the caller's last loud frame) and, for LLM agents,
-        the stand-in's 20 ms a word until the first sentence is complete."""
+        where those are known. What stays in besides the server's own work: how far the
+        server's estimate of the end of speech is from the caller's last frame above -45 dBFS
+        (0-60 ms on the fixtures) and, for LLM agents, the stand-in's 20 ms a word until the
+        first sentence is complete."""
         if self.mode != "hosted" or turn.latency_ms is None:
             return None
         args = self.args
