@@ -132,3 +132,16 @@ async def test_closing_the_socket_cleanly_is_a_hang_up_and_dropping_it_is_a_lost
         call = await ended_call(server, started["call_id"])
         ends[how] = call["end_reason"]
     assert ends == {"close": "caller hung up", "drop": "connection lost"}
+
+
+async def test_a_caller_that_does_not_take_its_audio_is_closed_with_the_reason(
+    server: VoiceServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the cap below zero the first thing the agent says is already too much unsent audio.
+    monkeypatch.setattr(endpoints, "MAX_UNSENT_BYTES", -1)
+    async with caller(server, "CAstalled") as phone:
+        code, reason = await phone.wait_closed()
+    assert (code, reason) == (1008, "client is not reading: outbound buffer full")
+    call = await ended_call(server, "CAstalled")
+    assert call["end_reason"] == "client is not reading: outbound buffer full"
+    assert call["outcome"] == "error"

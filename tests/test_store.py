@@ -557,7 +557,7 @@ async def test_kill_9_mid_call_loses_at_most_the_last_second(url: str, tmp_path:
         ("connection lost", "error"),
         ("protocol error: bad frame", "error"),
         ("ice failed: the browser did not connect within 10 s", "error"),
-        ("client is not reading: outbound queue full", "error"),
+        ("client is not reading: outbound buffer full", "error"),
         ("server shutting down", "interrupted"),
         (INTERRUPTED_REASON, "interrupted"),
         ("something new", "error"),

@@ -53,15 +53,15 @@ class SocketOutbound:
         self._encode_clear = clear
         self._encode_event = event
         self._closing: asyncio.Task[None] | None = None
-        self.overflowed = False
+        self.overflowed: str | None = None  # why the call was closed for not reading
 
     def _write(self, message: Message) -> None:
         if self._closing is not None:
             return
         self._ws.write(message)
         if self._ws.buffered_bytes() > MAX_UNSENT_BYTES:
-            self.overflowed = True
-            self.close(POLICY_VIOLATION, "client is not reading: outbound buffer full")
+            self.overflowed = "client is not reading: outbound buffer full"
+            self.close(POLICY_VIOLATION, self.overflowed)
 
     def audio(self, data: bytes) -> None:
         for message in self._encode_audio(data):
@@ -148,6 +148,8 @@ class _SocketCall:
     def _close_reason(self) -> str:
         # A clean closing handshake is a hang-up without a stop message; anything else (the
         # TCP connection dropped, an error code) is a lost connection.
+        if self.outbound is not None and self.outbound.overflowed:
+            return self.outbound.overflowed
         received, sent = self.ws.protocol.close_rcvd, self.ws.protocol.close_sent
         if received is not None and sent is not None and {received.code, sent.code} <= _CLEAN:
             return "caller hung up"

@@ -15,7 +15,7 @@ reason                                             outcome           where it co
 "connection lost"                                  error             the socket or peer failed
 "protocol error: ..."                              error             endpoints, webrtc
 "ice failed: ..."                                  error             webrtc: ICE/DTLS never came up
-"client is not reading: outbound queue full"       error             endpoints: a stalled client
+"client is not reading: outbound buffer full"      error             endpoints: a stalled client
 "server shutting down"                             interrupted       VoiceServer.shutdown()
 "interrupted..."                                   interrupted       the store: its writer died
 anything else                                      error             a reason no rule knows yet
