@@ -83,6 +83,8 @@ class RtcCaller:
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            if not isinstance(frame, av.AudioFrame):
+                continue  # an audio track yields audio frames; this keeps the types honest
             for pcm in resampler.resample(frame):
                 self.received += pcm.to_ndarray().tobytes()
             self._notify()
