@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from websockets.asyncio.client import connect
 
 from tests.support.configs import ended_call, serving
 from voice_agent.callers import TwilioClient
+from voice_agent.runtime.audit import AuditEvent
 from voice_agent.server import endpoints
 from voice_agent.server.app import VoiceServer
 from voice_agent.server.media_socket import Message
@@ -38,14 +39,6 @@ def caller(server: VoiceServer, call_sid: str) -> TwilioClient:
     return TwilioClient(f"ws://127.0.0.1:{server.port}/twilio", call_sid=call_sid, timeout=60)
 
 
-async def until(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def dtmf_events(audit: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e["data"] for e in audit if e["type"] == "event" and e["name"] == "dtmf"]
 
@@ -55,35 +48,37 @@ async def test_messages_sent_while_the_call_is_set_up_are_kept(
 ) -> None:
     # The call's set-up is held open until the caller's DTMF has reached the server, so the
     # digit arrives before the call's pipeline exists.
-    entered, release = asyncio.Event(), asyncio.Event()
+    entered, release, dtmf_arrived, dtmf_handled = (asyncio.Event() for _ in range(4))
     start_call = server.start_call
+
+    def on_audit(event: AuditEvent) -> None:
+        if event.type == "event" and event.data.get("name") == "dtmf":
+            dtmf_handled.set()
 
     async def held_start_call(**kwargs: Any) -> Any:
         entered.set()
         await release.wait()
-        return await start_call(**kwargs)
+        pipeline = await start_call(**kwargs)
+        # Before the kept messages are replayed, which happens once this returns.
+        pipeline.session.audit.subscribe(on_audit)
+        return pipeline
 
-    delivered: list[Message] = []
     on_message = endpoints._SocketCall.on_message
 
-    def recording(self: endpoints._SocketCall, message: Message) -> None:
-        delivered.append(message)
+    def noting_dtmf(self: endpoints._SocketCall, message: Message) -> None:
+        if '"dtmf"' in str(message):
+            dtmf_arrived.set()
         on_message(self, message)
 
     monkeypatch.setattr(server, "start_call", held_start_call)
-    monkeypatch.setattr(endpoints._SocketCall, "on_message", recording)
+    monkeypatch.setattr(endpoints._SocketCall, "on_message", noting_dtmf)
 
     async with caller(server, "CAheld") as phone:
         await asyncio.wait_for(entered.wait(), 20)
         await phone.send_dtmf("7")
-        await until(lambda: any('"dtmf"' in str(m) for m in delivered), "the DTMF to arrive")
+        await asyncio.wait_for(dtmf_arrived.wait(), 20)
         release.set()
-        await until(lambda: "CAheld" in server.pipelines, "the call to start")
-        session = server.pipelines["CAheld"].session
-        await until(
-            lambda: bool(dtmf_events([e.as_dict() for e in session.audit.events])),
-            "the DTMF event",
-        )
+        await asyncio.wait_for(dtmf_handled.wait(), 20)
     call = await ended_call(server, "CAheld")
     assert dtmf_events(call["audit"]) == [{"digit": "7"}]
 

@@ -80,6 +80,7 @@ def _alaw_compress_table() -> npt.NDArray[np.uint8]:
     return (signed ^ 0x55).astype(np.uint8)
 
 
+# The expansion tables are the G.191 reference decoding is tested against (it runs on audioop).
 _ULAW_TO_PCM = _ulaw_expand_table()
 _PCM_TO_ULAW = _ulaw_compress_table()
 _ALAW_TO_PCM = _alaw_expand_table()
