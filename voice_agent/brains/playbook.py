@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from voice_agent.brains.llm import ChatLLM, LlmSettings, TextDelta, ToolCallRequest
 from voice_agent.config import LlmConfig
+from voice_agent.engines.openai_http import load_sdk
 from voice_agent.errors import LlmError
 from voice_agent.runtime.conversation import ToolCallRecord
 from voice_agent.runtime.session import AgentEvent, StepOutcome
@@ -31,6 +32,7 @@ class PlaybookBrain:
     def __init__(self, config: LlmConfig) -> None:
         self.config = config
         self._llm: ChatLLM | None = None
+        load_sdk()  # the client is made on first use; the SDK's slow import is paid now
 
     @property
     def llm(self) -> ChatLLM:

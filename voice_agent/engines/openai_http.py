@@ -17,11 +17,22 @@ import aiohttp
 import httpx
 from openai import DefaultAioHttpClient
 
-__all__ = ["connection_failure", "http_client"]
+__all__ = ["connection_failure", "http_client", "load_sdk"]
+
+
+def load_sdk() -> None:
+    """Import the SDK's API resources now.
+
+    The SDK imports all of them (0.7-0.9 s here) on the first `client.audio` or `client.chat`.
+    Made on a caller's first turn, that import stalled the worker's event loop, and so every
+    call on it, for as long. Engines and LLM brains call this when they are made, at start.
+    """
+    import openai.resources  # noqa: F401
 
 
 def http_client(timeout: float | httpx.Timeout) -> httpx.AsyncClient:
     """A client for AsyncOpenAI(http_client=...); the AsyncOpenAI that uses it closes it."""
+    load_sdk()
     return DefaultAioHttpClient(timeout=timeout)
 
 
