@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -119,6 +120,10 @@ async def _serve(args: argparse.Namespace) -> int:
         ):
             print(line, file=sys.stderr, flush=True)
         await server.start()
+        # Everything loaded so far (modules, config, models, engines) lives as long as the
+        # process: out of the collector's way, a full collection no longer walks it while
+        # calls wait (a full collection paused the loop for ~55 ms at 100 calls before).
+        gc.freeze()
         agent = registry.default_agent
         ws = f"ws://{server.host}:{server.port}"
         token_hint = "?token=YOUR-TOKEN" if server.access.has_tokens else ""
