@@ -6,7 +6,9 @@ while handling one call's message ends that call and no other."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -140,3 +142,30 @@ async def test_a_caller_that_does_not_take_its_audio_is_closed_with_the_reason(
     call = await ended_call(server, "CAstalled")
     assert call["end_reason"] == "client is not reading: outbound buffer full"
     assert call["outcome"] == "error"
+
+
+async def test_a_finished_call_is_freed_as_it_ends_not_by_the_garbage_collector(
+    server: VoiceServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What only the collector can free waits for a full collection, which pauses every call
+    # on the worker; a call's own objects must go when it ends.
+    handled = asyncio.Event()
+    run = endpoints._SocketCall.run
+
+    async def noting_the_end(self: endpoints._SocketCall) -> None:
+        await run(self)
+        handled.set()
+
+    monkeypatch.setattr(endpoints._SocketCall, "run", noting_the_end)
+    gc.collect()
+    gc.disable()
+    try:
+        async with caller(server, "CAfreed") as phone:
+            await phone.wait_audio(1)
+            pipeline = weakref.ref(server.pipelines["CAfreed"])
+            session = weakref.ref(server.pipelines["CAfreed"].session)
+        await asyncio.wait_for(handled.wait(), 20)
+        assert pipeline() is None
+        assert session() is None
+    finally:
+        gc.enable()

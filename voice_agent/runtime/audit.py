@@ -36,6 +36,12 @@ class AuditLog:
     def subscribe(self, listener: AuditListener) -> None:
         self._listeners.append(listener)
 
+    def close(self) -> None:
+        """The call is over: stop telling listeners (events are still kept). Listeners hold
+        the call's objects and the call holds its audit, a cycle only a full collection of
+        the garbage collector would free; dropping them lets the call go when it ends."""
+        self._listeners.clear()
+
     def elapsed(self) -> float:
         """Seconds since the call started, on the audit's clock."""
         return self._clock() - self._start

@@ -144,6 +144,7 @@ class _SocketCall:
             await self.pipeline.hang_up(reason)
         if self.outbound is not None:
             await self.outbound.aclose()
+        self.ws.detach()
 
     def _close_reason(self) -> str:
         # A clean closing handshake is a hang-up without a stop message; anything else (the

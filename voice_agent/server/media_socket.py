@@ -72,6 +72,13 @@ class MediaConnection(ServerConnection):
         for message in held:
             self._deliver(message)
 
+    def detach(self) -> None:
+        """The call is over: drop its handler, which holds the call's objects, while this
+        connection may still live on (in `websockets`' own reference cycles) until collected.
+        Messages from now on are dropped."""
+        self._held = None
+        self._sink = _drop
+
     def write(self, message: Message) -> bool:
         """Send one message now; False when the connection is no longer open."""
         if self.protocol.state is not State.OPEN or self.transport.is_closing():

@@ -130,7 +130,7 @@ class CallPipeline:
         self._turn: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._synth_queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-        self._synth_task = self._spawn(self._synthesize_forever())
+        self._synth_task: asyncio.Task[None] | None = self._spawn(self._synthesize_forever())
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._pending_events: list[tuple[str, dict[str, Any]]] = []
@@ -213,6 +213,12 @@ class CallPipeline:
         await self.session.end(reason)
         if self._on_end is not None:
             self._on_end(self, reason)
+        # A cancelled task keeps its exception, whose traceback holds this pipeline: without
+        # these references the call's objects are freed as it ends, not in a pause of the
+        # whole worker for a full garbage collection.
+        self._synth_task = None
+        self._turn = None
+        self.session.audit.close()
         self.finished.set()
 
     def _finish_recording(self, recorder: CallRecorder) -> None:
