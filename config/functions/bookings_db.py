@@ -6,6 +6,8 @@ import hashlib
 import hmac
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,13 +25,18 @@ CREATE TABLE IF NOT EXISTS bookings (
 """
 
 
-def _connect() -> sqlite3.Connection:
+@contextmanager
+def _connect() -> Iterator[sqlite3.Connection]:
+    """One transaction on the bookings database, committed on success, and the connection
+    closed at once: `with sqlite3.connect(...)` alone commits but leaves the connection (and
+    its file descriptor) open until the garbage collector finds it."""
     data_dir = Path(os.environ.get("VOICE_AGENT_DATA_DIR", "data"))
     data_dir.mkdir(parents=True, exist_ok=True)
-    connection = sqlite3.connect(data_dir / "bookings.sqlite3", timeout=5)
-    connection.row_factory = sqlite3.Row
-    connection.execute(_SCHEMA)
-    return connection
+    with closing(sqlite3.connect(data_dir / "bookings.sqlite3", timeout=5)) as connection:
+        connection.row_factory = sqlite3.Row
+        with connection:
+            connection.execute(_SCHEMA)
+            yield connection
 
 
 def confirmation_code(key: str, phone: str, at: str, party_size: int) -> str:
