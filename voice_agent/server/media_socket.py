@@ -52,8 +52,10 @@ class MediaConnection(ServerConnection):
     _held: list[Message] | None = None
     _sink: Sink | None = None
     _fragments: list[Frame] | None = None
-    # Bytes of an incomplete frame, kept until the rest arrives (shortcut only).
-    _partial: bytes = b""
+    # Bytes of an incomplete frame, kept until the rest arrives (shortcut only). A bytearray:
+    # a frame trickled in a byte at a time must cost amortized appends, not a copy of all
+    # that came before on every byte.
+    _partial: bytearray
     # Set for good once the stream holds something the shortcut cannot size (an unmasked or
     # over-long frame): from then on every byte goes to `websockets`, which fails the
     # connection with the right close code.
@@ -115,12 +117,18 @@ class MediaConnection(ServerConnection):
             # reader it does (a client may send frames only after the 101 response, RFC 6455
             # section 4.1, so nothing of a frame was read before).
             self._cutting = True
+            self._partial = bytearray()
             if protocol.reader.buffer:
                 self._bypass = True
                 super().data_received(data)
                 return
-        buffer = self._partial + data if self._partial else data
-        self._partial = b""
+        partial = self._partial
+        buffer: bytes | bytearray
+        if partial:
+            partial += data
+            buffer = partial
+        else:
+            buffer = data
         limit = protocol.max_message_size
         size = len(buffer)
         start = 0
@@ -145,7 +153,9 @@ class MediaConnection(ServerConnection):
                 at += 8
             if not head2 & 0x80 or (limit is not None and length > limit):
                 self._bypass = True
-                super().data_received(buffer[start:])
+                rest = bytes(buffer[start:])
+                partial.clear()
+                super().data_received(rest)
                 return
             end = at + 4 + length
             if end > size:
@@ -161,8 +171,10 @@ class MediaConnection(ServerConnection):
             else:
                 super().data_received(buffer[start:end])
             start = end
-        if start < size:
-            self._partial = buffer[start:]
+        if buffer is partial:
+            del partial[:start]
+        elif start < size:
+            partial += memoryview(buffer)[start:]
 
     def process_event(self, event: Event) -> None:
         if self._sink is None and self._held is None:
