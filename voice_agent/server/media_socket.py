@@ -163,8 +163,7 @@ class MediaConnection(ServerConnection):
             if (
                 (head1 == _FINAL_TEXT or head1 == _FINAL_BINARY)
                 and protocol.state is State.OPEN
-                and protocol.current_size is None
-                and self._fragments is None
+                and protocol.current_size is None  # no fragmented message under way
             ):
                 payload = apply_mask(buffer[at + 4 : end], buffer[at : at + 4])
                 self._complete(head1 == _FINAL_TEXT, payload)
