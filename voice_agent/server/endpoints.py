@@ -140,11 +140,13 @@ class _SocketCall:
                 await asyncio.gather(self._starting, return_exceptions=True)
         if not self._ended.done():
             self._ended.set_result(reason)
-        if self.pipeline is not None:
-            await self.pipeline.hang_up(reason)
-        if self.outbound is not None:
-            await self.outbound.aclose()
-        self.ws.detach()
+        try:
+            if self.pipeline is not None:
+                await self.pipeline.hang_up(reason)
+            if self.outbound is not None:
+                await self.outbound.aclose()
+        finally:
+            self.ws.detach()
 
     def _close_reason(self) -> str:
         # A clean closing handshake is a hang-up without a stop message; anything else (the
