@@ -307,6 +307,7 @@ def test_turn_metrics_cover_every_stage() -> None:
     assert metrics["end_of_turn_ms"] == 900
     assert metrics["stt_final_ms"] == 930
     assert metrics["first_token_ms"] == metrics["first_audio_sent_ms"] == 1000
+    assert metrics["first_audio_duration_ms"] == 7 * 300  # seven words at 300 ms
 
 
 def test_hang_up_mid_reply_commits_what_played() -> None:

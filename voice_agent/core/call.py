@@ -466,6 +466,9 @@ class CallCore:
         metrics = self._metrics
         if metrics is not None and "first_audio_sent_ms" not in metrics:
             metrics["first_audio_sent_ms"] = now_ms
+            # How long the first unit plays: a reply sent a sentence at a time starts only
+            # once its first sentence is synthesised, so a longer one costs its TTS more time.
+            metrics["first_audio_duration_ms"] = chunk.duration_ms
             actions.append(TurnMetrics(dict(metrics)))
             self._metrics = None
         return actions
