@@ -11,12 +11,16 @@ queue flushed on `clear`. It plays the booking, change and cancel conversations 
 fixtures (voice joe), a new call after each, until `--duration` is over; with think times and
 pauses (some with a cough), and in a share of calls a barge-in, a backchannel while the agent
 speaks, or a silence long enough for the agent's no-input prompt. Calls start spread over
-`--ramp`; with a list (`--calls 10,50,100`) the levels run one after the other. One unmeasured
-call warms the server up first (`--no-warm-up` skips it).
+`--ramp` and each line of callers runs `--duration` from its start, so hang-ups at the end are
+spread as widely (a level takes `--duration` + `--ramp`); with a list (`--calls 10,50,100`)
+the levels run one after the other. One unmeasured call warms the server up first
+(`--no-warm-up` skips it).
 
 Measured per level:
 - per turn, caller speech end -> first agent audio received (client side), and the server's
-  own breakdown from GET /calls/{id} (`turns`): STT, agent, TTS, send;
+  own breakdown from GET /calls/{id} (`turns`): end of turn, STT, agent, TTS, send; in hosted
+  mode the server-added latency both ways: caller side, and at the server (its end of turn ->
+  first audio sent, which leaves this script's own lateness out);
 - per barge-in, caller speech start -> `clear` received (min_interruption_ms is part of it),
   and how much agent audio the caller still heard over its own speech after the clear;
 - late frames: agent audio that arrived more than 40 ms after the audio before it, in the same
@@ -72,7 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="concurrent calls; a comma-separated list runs each level in turn",
     )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds per level")
-    parser.add_argument("--ramp", type=float, default=10.0, help="seconds to start all calls")
+    parser.add_argument(
+        "--ramp", type=float, default=10.0, help="seconds to start all calls (and to end them)"
+    )
     parser.add_argument("--transport", choices=("twilio", "ws"), default="twilio")
     parser.add_argument("--url", help="ws://HOST:PORT of a running server (default: start one)")
     parser.add_argument("--token", help="API token of a server that requires one")

@@ -82,6 +82,13 @@ def test_small_runs_in_both_modes(tmp_path: Path) -> None:
     assert level["standin"]["stt"]["unmatched"] == 0
     assert level["standin"]["tts"]["errors"] == 0
     assert level["server_added_ms"]["n"] >= 1
+    # ... on the server's clock too (from its turn metrics), with the turns that gave it.
+    assert level["server_added_at_server_ms"]["n"] >= 1
+    assert any(
+        "first_audio_duration_ms" in turn
+        for call in level["calls_detail"]
+        for turn in call["server_turns"]
+    )
     assert level["resources"]["standin_cpu_pct"]["n"] > 0
 
     assert embedded_result["mode"] == "embedded" and embedded_result["transport"] == "ws"

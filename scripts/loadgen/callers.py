@@ -151,8 +151,12 @@ def new_client(run: Run, number: int) -> LoadTwilioClient | LoadNativeClient:
 
 
 class SimulatedCall:
-    def __init__(self, level: Level, plan: Plan, number: int) -> None:
+    def __init__(
+        self, level: Level, plan: Plan, number: int, stopped: asyncio.Event | None = None
+    ) -> None:
         self.level = level
+        # When this caller hangs up: its line's own end, or else the level's.
+        self.stopped = stopped if stopped is not None else level.stopped
         self.run_ctx = level.run
         self.args = level.run.args
         self.plan = plan
@@ -170,7 +174,7 @@ class SimulatedCall:
 
     async def _stoppable(self, awaitable: Awaitable[T]) -> T:
         task = asyncio.ensure_future(awaitable)
-        stop = asyncio.ensure_future(self.level.stopped.wait())
+        stop = asyncio.ensure_future(self.stopped.wait())
         try:
             await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -183,7 +187,7 @@ class SimulatedCall:
         return task.result()
 
     def _check_stop(self) -> None:
-        if self.level.stopped.is_set():
+        if self.stopped.is_set():
             raise LevelOver
 
     async def _sleep(self, seconds: float) -> None:

@@ -1,7 +1,8 @@
 """A level of concurrency: `Level` keeps --calls callers going for --duration (each starts a new
-call when the last one ends, starts spread over --ramp), samples the server, the stand-in and
-this script meanwhile, and sums up the calls' results, the samples and the server's own records
-into the level's part of the result JSON."""
+call when the last one ends; starts spread over --ramp, and hang-ups too: each line of callers
+runs --duration from its own start), samples the server, the stand-in and this script meanwhile,
+and sums up the calls' results, the samples and the server's own records into the level's part
+of the result JSON."""
 
 from __future__ import annotations
 
@@ -39,17 +40,27 @@ class Level:
         return sum(1 for result in self.results if result.outcome == outcome)
 
     async def caller(self, slot: int) -> None:
-        """One line of callers: a call, a short gap, the next call, until the level ends."""
-        await asyncio.sleep(self.run.args.ramp * slot / self.calls)
-        rng = random.Random(self.run.args.seed * 31 + slot)
-        while not self.stopped.is_set():
-            number = self.run.next_number()
-            plan = make_plan(number, self.run.args, self.run.lines)
-            result = await SimulatedCall(self, plan, number).run()
-            self.results.append(result)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(rng.uniform(0.5, 2.0)):
-                    await self.stopped.wait()
+        """One line of callers: a call, a short gap, the next call, for --duration from its
+        start. Lines end as they started, spread over --ramp: all hanging up in the same few
+        milliseconds would make the server end hundreds of calls at once, a storm no real
+        population of callers makes, and the turns still awaited would measure it."""
+        args = self.run.args
+        offset = args.ramp * slot / self.calls
+        await asyncio.sleep(offset)
+        stopped = asyncio.Event()
+        timer = self.loop.call_at(self.t0 + offset + args.duration, stopped.set)
+        rng = random.Random(args.seed * 31 + slot)
+        try:
+            while not stopped.is_set():
+                number = self.run.next_number()
+                plan = make_plan(number, args, self.run.lines)
+                result = await SimulatedCall(self, plan, number, stopped).run()
+                self.results.append(result)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(rng.uniform(0.5, 2.0)):
+                        await stopped.wait()
+        finally:
+            timer.cancel()
 
     async def loop_lag_probe(self) -> None:
         """This script's own event-loop lag: late callers measure late."""
@@ -94,7 +105,7 @@ class Level:
         ]
         callers = [asyncio.ensure_future(self.caller(slot)) for slot in range(self.calls)]
         try:
-            await asyncio.sleep(args.duration)
+            await asyncio.sleep(args.duration + args.ramp)
             self.stopped.set()
             # Callers end their current step (a reply awaited at most --reply-timeout).
             _, pending = await asyncio.wait(callers, timeout=args.reply_timeout + 20)
@@ -117,6 +128,9 @@ class Level:
         latencies = [turn.latency_ms for turn in answered if turn.latency_ms is not None]
         added = [value for turn in answered if (value := run.server_added_ms(turn)) is not None]
         server_turns = [t for result in self.results for t in result.server_turns]
+        added_at_server = [
+            value for t in server_turns if (value := run.server_added_at_server_ms(t)) is not None
+        ]
 
         def stage(end: str, start: str) -> list[float]:
             return [
@@ -177,6 +191,7 @@ class Level:
                 latencies + [args.reply_timeout * 1000.0] * (len(turns) - len(answered))
             ),
             "server_added_ms": summary(added),
+            "server_added_at_server_ms": summary(added_at_server),
             "greeting_ms": summary([r.greeting_ms for r in self.results if r.greeting_ms]),
             "dtmf_ms": summary([v for r in self.results for v in r.dtmf_ms]),
             "barge_in_clear_ms": summary([t.clear_ms for t in turns if t.clear_ms is not None]),
@@ -212,6 +227,8 @@ class Level:
                     stage("first_audio_sent_ms", "end_of_turn_ms")
                 ),
                 "stages_ms": {
+                    # The configured end-of-turn silence, and how late its frames came.
+                    "end_of_turn": summary(stage("end_of_turn_ms", "speech_end_ms")),
                     "stt": summary(stage("stt_final_ms", "end_of_turn_ms")),
                     "turn_start": summary(stage("user_turn_ms", "stt_final_ms")),
                     "agent": summary(stage("first_token_ms", "user_turn_ms")),
@@ -264,6 +281,9 @@ class Level:
                     "late_frames": r.late_frames,
                     "late_gaps": r.late_gaps,
                     "error": r.error,
+                    # The server's own per-turn metrics, to see which stage a slow turn lost
+                    # its time in.
+                    "server_turns": r.server_turns,
                 }
                 for r in self.results
             ],

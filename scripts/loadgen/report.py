@@ -44,9 +44,12 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     xs, ys = points("barge_in_clear_ms", "p95")
     if ys:
         latency_ax.plot(xs, ys, "x--", label="barge-in -> clear p95")
-    xs, ys = points("server_added_ms", "p95")
+    xs, ys = points("server_added_ms", "p99")
     if ys:
-        latency_ax.plot(xs, ys, "d:", label="server-added p95")
+        latency_ax.plot(xs, ys, "d:", label="server-added p99 (caller side)")
+    xs, ys = points("server_added_at_server_ms", "p99")
+    if ys:
+        latency_ax.plot(xs, ys, "P:", label="server-added p99 (at the server)")
     latency_ax.set_xlabel("concurrent calls")
     latency_ax.set_ylabel("ms, caller side (unanswered turns count as the timeout)")
     latency_ax.set_title("latency")
@@ -121,10 +124,17 @@ def report(level: dict[str, Any]) -> str:
     ]
     if level["server_added_ms"]["n"]:
         added = level["server_added_ms"]
-        lines.append(
+        line = (
             f"  server-added (beyond end-of-turn silence and engine delays) p50 "
             f"{fmt(added['p50'])} p95 {fmt(added['p95'])} p99 {fmt(added['p99'])} ms"
         )
+        at_server = level.get("server_added_at_server_ms") or {}
+        if at_server.get("n"):
+            line += (
+                f"; at the server (turn end -> first audio sent) p50 {fmt(at_server['p50'])} "
+                f"p95 {fmt(at_server['p95'])} p99 {fmt(at_server['p99'])} ms"
+            )
+        lines.append(line)
     barge = level["barge_in_clear_ms"]
     lines.append(
         f"  barge-ins {level['barge_ins']['done']}: speech start -> clear p50 "

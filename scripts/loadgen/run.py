@@ -216,9 +216,35 @@ class Run:
                 return None
             # The stand-in speaks 24 kHz; the caller's copy has the same duration.
             streaming = turn.first_unit_ms / args.tts_speed
+        return turn.latency_ms - self.eot_ms - self._engine_ms(streaming)
+
+    def _engine_ms(self, streaming_ms: float) -> float:
+        """What the stand-in was configured to take for a turn whose first unit of audio
+        streams for `streaming_ms`."""
+        args = self.args
         llm = args.llm_delay_ms if self.uses_llm else 0.0
-        engines = args.stt_delay_ms + llm + args.tts_delay_ms + streaming
-        return turn.latency_ms - self.eot_ms - engines
+        return args.stt_delay_ms + llm + args.tts_delay_ms + streaming_ms
+
+    def server_added_at_server_ms(self, metrics: dict[str, Any]) -> float | None:
+        """The issue's own definition on the server's clock: first agent audio sent, from the
+        moment the server took the turn as ended (the caller's speech end plus the end-of-turn
+        silence, as the frames arrived), less the stand-in's configured delays (the first
+        unit's streaming from the server's own `first_audio_duration_ms`).
+
+        Unlike `server_added_ms` it leaves out how late this script sent the caller's frames
+        and noticed the agent's: on a machine it shares with the server, most of the
+        difference at high load. The frames' own lateness shows in the `end_of_turn` stage
+        (speech end -> end of turn beyond the configured silence). Hosted mode only."""
+        if self.mode != "hosted":
+            return None
+        sent = metrics.get("first_audio_sent_ms")
+        turn_end = metrics.get("end_of_turn_ms")
+        duration = metrics.get("first_audio_duration_ms")
+        if sent is None or turn_end is None or duration is None:
+            return None
+        speed = self.args.tts_speed
+        streaming = duration / speed if speed > 0 else 0.0
+        return float(sent) - float(turn_end) - self._engine_ms(streaming)
 
     # -- processes -------------------------------------------------------------------------
 
