@@ -12,6 +12,7 @@ import contextlib
 import gc
 import importlib.util
 import json
+import math
 import os
 import shutil
 import socket
@@ -38,6 +39,10 @@ from .paths import RESULTS, ROOT
 from .report import plot, report
 from .sampling import MachineWatch, ProcWatch
 from .stats import fmt, percentile
+
+# The stand-in's unit of streamed speech (CHUNK_MS in scripts/standin_engines.py): what its
+# TTS takes for a sentence depends on it, and server-added is what is left after that.
+STANDIN_CHUNK_MS = 100
 
 
 def _visible(pid: int) -> bool:
@@ -215,8 +220,18 @@ class Run:
             if turn.first_unit_ms is None:
                 return None
             # The stand-in speaks 24 kHz; the caller's copy has the same duration.
-            streaming = turn.first_unit_ms / args.tts_speed
+            streaming = self._streaming_ms(turn.first_unit_ms)
         return turn.latency_ms - self.eot_ms - self._engine_ms(streaming)
+
+    def _streaming_ms(self, duration_ms: float) -> float:
+        """How long the stand-in takes to stream `duration_ms` of speech after its first byte:
+        it writes STANDIN_CHUNK_MS chunks at --tts-speed times real time, the first at once,
+        so the last goes out (chunks - 1) chunk-times later."""
+        speed = self.args.tts_speed
+        if speed <= 0:
+            return 0.0
+        chunks = max(1, math.ceil(duration_ms / STANDIN_CHUNK_MS - 1e-6))
+        return (chunks - 1) * STANDIN_CHUNK_MS / speed
 
     def _engine_ms(self, streaming_ms: float) -> float:
         """What the stand-in was configured to take for a turn whose first unit of audio
@@ -242,8 +257,7 @@ class Run:
         duration = metrics.get("first_audio_duration_ms")
         if sent is None or turn_end is None or duration is None:
             return None
-        speed = self.args.tts_speed
-        streaming = duration / speed if speed > 0 else 0.0
+        streaming = self._streaming_ms(float(duration))
         return float(sent) - float(turn_end) - self._engine_ms(streaming)
 
     # -- processes -------------------------------------------------------------------------
