@@ -51,7 +51,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     if ys:
         latency_ax.plot(xs, ys, "P:", label="server-added p99 (at the server)")
     latency_ax.set_xlabel("concurrent calls")
-    latency_ax.set_ylabel("ms, caller side (unanswered turns count as the timeout)")
+    latency_ax.set_ylabel("ms (unanswered turns count as the timeout)")
     latency_ax.set_title("latency")
     latency_ax.set_ylim(bottom=0)
     latency_ax.grid(alpha=0.3)
