@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from websockets.asyncio.client import connect
 
 from tests.support.configs import default_config_with
@@ -74,4 +75,21 @@ async def test_a_call_beyond_max_calls_is_refused_while_the_others_complete(
             await caller.stop()
     finally:
         await server.shutdown(1)
+        await registry.aclose()
+
+
+async def test_one_stall_shows_in_the_worst_lag_but_does_not_refuse(tmp_path: Path) -> None:
+    """Admission reads the median of the last three loop-lag samples, so one stall does not
+    refuse calls; /healthz also gives the worst of them, so a watcher sees the stall."""
+    registry = AgentRegistry.from_file(default_config_with(tmp_path))
+    server = VoiceServer(registry, port=0)
+    try:
+        for lag_s in (0.001, 0.3, 0.002):
+            server._on_loop_lag(lag_s)
+        assert server.loop_lag_ms == pytest.approx(2.0)
+        assert server.loop_lag_max_ms == pytest.approx(300.0)
+        for lag_s in (0.001, 0.001, 0.001):
+            server._on_loop_lag(lag_s)
+        assert server.loop_lag_max_ms == pytest.approx(1.0)
+    finally:
         await registry.aclose()

@@ -82,6 +82,7 @@ class Level:
             self._loadgen_lag_ms = 0.0
             health = await run.health()
             sample["server_loop_lag_ms"] = health.get("loop_lag_ms")
+            sample["server_loop_lag_max_ms"] = health.get("loop_lag_max_ms")
             sample["server_live_calls"] = health.get("live_calls")
             sample["server_refused_calls"] = health.get("refused_calls")
             for name, watch in run.watches().items():
@@ -257,6 +258,7 @@ class Level:
                     "server_rss_mb",
                     "server_fds",
                     "server_loop_lag_ms",
+                    "server_loop_lag_max_ms",
                     "standin_cpu_pct",
                     "loadgen_cpu_pct",
                     "loadgen_cpu_wait_pct",

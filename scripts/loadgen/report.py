@@ -155,7 +155,8 @@ def report(level: dict[str, Any]) -> str:
         f"{fmt(res['server_cpu_wait_pct']['mean'])}%), RSS max "
         f"{fmt(res['server_rss_mb']['max'])} MB, fds max {fmt(res['server_fds']['max'])}, "
         f"loop lag mean {fmt(res['server_loop_lag_ms']['mean'])} max "
-        f"{fmt(res['server_loop_lag_ms']['max'])} ms"
+        f"{fmt(res['server_loop_lag_ms']['max'])} ms (worst single sample "
+        f"{fmt((res.get('server_loop_lag_max_ms') or {}).get('max'))} ms)"
     )
     sending = level["loadgen_send_lateness_ms"]
     lines.append(

@@ -146,6 +146,7 @@ class VoiceServer:
         )
         self.cpu = CpuSampler()
         self.loop_lag_ms = 0.0  # kept current by the loop-lag monitor
+        self.loop_lag_max_ms = 0.0
         self.refused_calls = 0
         # Connections in a call endpoint: calls still being set up count against max_calls too.
         self._call_connections = 0
@@ -166,6 +167,8 @@ class VoiceServer:
         # call's imports, a GC pause) must not refuse calls, a loop that stays late must.
         self._lags.append(lag_s)
         self.loop_lag_ms = sorted(self._lags)[len(self._lags) // 2] * 1000
+        # The worst of the same samples, for whoever watches: a stall the median hides.
+        self.loop_lag_max_ms = max(self._lags) * 1000
         self.metrics.loop_lag(lag_s)
 
     # ---- engines -------------------------------------------------------------------------
@@ -424,6 +427,7 @@ class VoiceServer:
                     "worker": self.worker_id,
                     "pid": os.getpid(),
                     "loop_lag_ms": round(self.loop_lag_ms, 1),
+                    "loop_lag_max_ms": round(self.loop_lag_max_ms, 1),
                     "refused_calls": self.refused_calls,
                     # For leak soaks: these return to their idle values between calls.
                     "asyncio_tasks": len(asyncio.all_tasks()),
