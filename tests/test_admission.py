@@ -10,7 +10,7 @@ from websockets.asyncio.client import connect
 from tests.support.configs import default_config_with
 from voice_agent.callers import NativeClient
 from voice_agent.runtime.registry import AgentRegistry
-from voice_agent.server.admission import Admission, CpuSampler
+from voice_agent.server.admission import Admission, CpuSampler, RefusalReport
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
@@ -93,3 +93,16 @@ async def test_one_stall_shows_in_the_worst_lag_but_does_not_refuse(tmp_path: Pa
         assert server.loop_lag_max_ms == pytest.approx(1.0)
     finally:
         await registry.aclose()
+
+
+def test_refusals_are_logged_once_per_interval_with_a_count() -> None:
+    report = RefusalReport(interval_s=10.0)
+    assert report.refused("call refused: full", 100.0) == "call refused: full"
+    assert report.refused("call refused: full", 101.0) is None
+    assert report.refused("call refused: full", 105.0) is None
+    # The next report counts every refusal since the last line, itself included.
+    assert report.refused("call refused: full", 112.0) == (
+        "call refused: full (3 calls refused in the last 12 s)"
+    )
+    # A lone refusal after a quiet spell is reported as it is.
+    assert report.refused("call refused: busy", 200.0) == "call refused: busy"

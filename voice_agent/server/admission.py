@@ -77,3 +77,27 @@ class CpuSampler:
             self.percent = (cpu - self._cpu) / elapsed * 100
             self._at, self._cpu = now, cpu
         return self.percent
+
+
+class RefusalReport:
+    """What to log about refused calls: the first at once, then at most one line per interval
+    with how many were refused since. Under overload calls are refused tens of times a second;
+    a line each would flood the log (and a log line costs the worker as much as a fifth of
+    the refusal itself). The metrics count every refusal."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._reported_at: float | None = None
+        self._unreported = 0
+
+    def refused(self, message: str, now: float) -> str | None:
+        """A call was refused with `message` at `now` (seconds): the line to log, or None."""
+        self._unreported += 1
+        last = self._reported_at
+        if last is not None and now - last < self.interval_s:
+            return None
+        count, self._unreported = self._unreported, 0
+        self._reported_at = now
+        if count == 1 or last is None:
+            return message
+        return f"{message} ({count} calls refused in the last {now - last:.0f} s)"

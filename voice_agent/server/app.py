@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -40,7 +41,13 @@ from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.secrets import DATA_DIR_ENV
 from voice_agent.runtime.session import CallSession
-from voice_agent.server.admission import RETRY_AFTER_S, TRY_AGAIN_LATER, Admission, CpuSampler
+from voice_agent.server.admission import (
+    RETRY_AFTER_S,
+    TRY_AGAIN_LATER,
+    Admission,
+    CpuSampler,
+    RefusalReport,
+)
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
@@ -145,6 +152,7 @@ class VoiceServer:
             max_cpu_percent=server_settings.max_cpu_percent,
         )
         self.cpu = CpuSampler()
+        self._refusal_report = RefusalReport()
         self.loop_lag_ms = 0.0  # kept current by the loop-lag monitor
         self.loop_lag_max_ms = 0.0
         self.refused_calls = 0
@@ -412,7 +420,11 @@ class VoiceServer:
                 self.refused_calls += 1
                 self.metrics.admission_refused(refusal.reason)
                 self._refusals[connection] = refusal.message
-                log.warning("call refused on %s: %s", path, refusal.message)
+                line = self._refusal_report.refused(
+                    f"call refused on {path}: {refusal.message}", time.monotonic()
+                )
+                if line is not None:
+                    log.warning("%s", line)
             elif path != "/rtc" and isinstance(connection, MediaConnection):
                 connection.hold_messages()
             return None  # the WebSocket handshake goes on
