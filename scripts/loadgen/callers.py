@@ -151,12 +151,9 @@ def new_client(run: Run, number: int) -> LoadTwilioClient | LoadNativeClient:
 
 
 class SimulatedCall:
-    def __init__(
-        self, level: Level, plan: Plan, number: int, stopped: asyncio.Event | None = None
-    ) -> None:
+    def __init__(self, level: Level, plan: Plan, number: int, stopped: asyncio.Event) -> None:
         self.level = level
-        # When this caller hangs up: its line's own end, or else the level's.
-        self.stopped = stopped if stopped is not None else level.stopped
+        self.stopped = stopped  # set when this caller's line of calls ends: it hangs up
         self.run_ctx = level.run
         self.args = level.run.args
         self.plan = plan

@@ -26,7 +26,6 @@ class Level:
         self.calls = calls
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
-        self.stopped = asyncio.Event()
         self.live = 0
         self.results: list[CallResult] = []
         self.samples: list[dict[str, Any]] = []
@@ -106,9 +105,9 @@ class Level:
         ]
         callers = [asyncio.ensure_future(self.caller(slot)) for slot in range(self.calls)]
         try:
+            # Every line of callers ends --duration after its start; then callers end their
+            # current step (a reply awaited at most --reply-timeout).
             await asyncio.sleep(args.duration + args.ramp)
-            self.stopped.set()
-            # Callers end their current step (a reply awaited at most --reply-timeout).
             _, pending = await asyncio.wait(callers, timeout=args.reply_timeout + 20)
             for task in pending:
                 task.cancel()

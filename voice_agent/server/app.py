@@ -154,7 +154,6 @@ class VoiceServer:
         self.cpu = CpuSampler()
         self._refusal_report = RefusalReport()
         self.loop_lag_ms = 0.0  # kept current by the loop-lag monitor
-        self.loop_lag_max_ms = 0.0
         self.refused_calls = 0
         # Connections in a call endpoint: calls still being set up count against max_calls too.
         self._call_connections = 0
@@ -175,9 +174,12 @@ class VoiceServer:
         # call's imports, a GC pause) must not refuse calls, a loop that stays late must.
         self._lags.append(lag_s)
         self.loop_lag_ms = sorted(self._lags)[len(self._lags) // 2] * 1000
-        # The worst of the same samples, for whoever watches: a stall the median hides.
-        self.loop_lag_max_ms = max(self._lags) * 1000
         self.metrics.loop_lag(lag_s)
+
+    @property
+    def loop_lag_max_ms(self) -> float:
+        """The worst of the samples whose median admission reads: a stall the median hides."""
+        return max(self._lags, default=0.0) * 1000
 
     # ---- engines -------------------------------------------------------------------------
 
