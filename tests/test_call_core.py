@@ -51,6 +51,7 @@ class Driver:
         self.now = 0.0
         self.actions: list[Action] = []
         self.marks: list[str] = []
+        self._streamed = 0
 
     def run(self, actions: list[Action]) -> list[Action]:
         self.actions.extend(actions)
@@ -80,6 +81,19 @@ class Driver:
                 self.core.tts_audio(reply_id, synth.text, audio, duration, self.now, words=timed)
             )
         return out
+
+    def part(self, reply_id: int, text: str, ms: float, *, last: bool = False) -> list[Action]:
+        """A piece of a sentence the engine streams: `ms` of audio, no two pieces alike."""
+        audio = bytes((self._streamed + i) % 251 for i in range(int(ms * BYTES_PER_MS)))
+        self._streamed += len(audio)
+        return self.run(self.core.tts_audio(reply_id, text, audio, ms, self.now, last=last))
+
+    def reply(self, reply_id: int, text: str) -> str:
+        """The agent's reply is one sentence, to be streamed: the sentence."""
+        out = self.run(self.core.agent_text(reply_id, text, self.now))
+        out += self.run(self.core.agent_reply_end(reply_id, self.now))
+        (synth,) = of(Synthesize, out)
+        return str(synth.text)
 
     def play(self, ms: float) -> list[Action]:
         """The carrier plays `ms` of audio: marks whose audio ended come back."""
@@ -334,3 +348,59 @@ def test_one_stray_word_over_the_agent_is_noise_but_stop_is_not() -> None:
     d.frames(500, speech=False)
     stop = d.run(d.core.stt_final("stop", d.now))
     assert of(StartUserTurn, stop) == [StartUserTurn("stop")]
+
+
+def test_a_streamed_sentence_plays_from_its_first_part_and_its_mark_follows_the_last() -> None:
+    d = Driver()
+    d.frames(400, speech=True)
+    d.frames(500, speech=False)
+    d.run(d.core.stt_final("is my table booked", d.now))
+    text = d.reply(1, "Your table is booked for Friday.")
+    first = d.part(1, text, 100)
+    # The caller hears the first 100 ms at once, not when the whole sentence is synthesised.
+    assert [len(a.audio) for a in of(SendAudio, first)] == [100 * 8] and not of(SendMark, first)
+    assert of(TurnMetrics, first)[0].data["first_audio_duration_ms"] == 100
+    d.now += 25
+    assert len(of(SendAudio, d.part(1, text, 2000))) == 1 and d.marks == []
+    end = d.part(1, text, 0, last=True)
+    assert of(SendAudio, end) == [] and len(of(SendMark, end)) == 1
+    assert of(CommitReply, d.play(1000)) == []  # heard in part: nothing committed yet
+    assert of(CommitReply, d.play(2000)) == [CommitReply(1, "Your table is booked for Friday.")]
+
+
+def test_a_noise_while_a_sentence_streams_resumes_it_with_the_audio_that_came_meanwhile() -> None:
+    d = Driver(min_interruption_ms=300, false_interruption_timeout_ms=800)
+    d.core.agent_turn_started(d.now)
+    text = d.reply(1, "Your table is booked for Friday at eight in the evening.")
+    d.part(1, text, 1000)
+    d.play(650)
+    assert of(SendClear, d.frames(300, speech=True))  # a cough: no words
+    # The rest of the sentence arrives while the agent is stopped: kept, not sent.
+    assert of(SendAudio, d.part(1, text, 2000)) == []
+    assert of(SendMark, d.part(1, text, 0, last=True)) == []
+    resumed = d.frames(800, speech=False)
+    (resent,) = of(SendAudio, resumed)
+    sentence = bytes(i % 251 for i in range(3000 * 8))  # both parts, as Driver.part made them
+    # From the first word not heard in full (after ~950 ms of play) to the sentence's end.
+    assert sentence.endswith(resent.audio) and 2000 * 8 < len(resent.audio) < 2350 * 8
+    assert len(of(SendMark, resumed)) == 1  # the sentence is whole now: its mark follows it
+    d.run(d.core.stt_final("", d.now))
+    assert of(CommitReply, d.play(10_000)) == [
+        CommitReply(1, "Your table is booked for Friday at eight in the evening.")
+    ]
+
+
+def test_a_barge_in_while_a_sentence_streams_commits_the_words_heard_of_it() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    text = d.reply(1, "Your table is booked for Friday at eight in the evening.")
+    d.part(1, text, 1000)
+    d.play(650)
+    d.frames(300, speech=True, partial="no")
+    assert of(SendAudio, d.part(1, text, 2000, last=True)) == []  # dropped after the clear
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("no make it saturday", d.now))
+    # Cut at 950 ms. Only a second of the sentence had come, so its words are placed over
+    # its likely length, 70 ms per character: "Your" ends at 344 ms, "table" at 756, "is"
+    # at 962.
+    assert of(CommitReply, final) == [CommitReply(1, "Your table")]

@@ -97,16 +97,14 @@ def test_small_runs_in_both_modes(tmp_path: Path) -> None:
 
 
 def test_server_added_leaves_out_exactly_what_the_standin_takes() -> None:
-    """The stand-in streams a sentence in chunks, the first at once: what it takes for a first
-    unit of audio is the chunks after the first, at its speed; the rest is the server's."""
+    """The server sends a sentence's audio as it streams in, so the stand-in's share of a
+    turn's first audio is its configured delays; the rest is the server's."""
     scripts = str(ROOT / "scripts")
     sys.path.insert(0, scripts)
     try:
-        import standin_engines
         from loadgen import run as loadgen_run
     finally:
         sys.path.remove(scripts)
-    assert loadgen_run.STANDIN_CHUNK_MS == standin_engines.CHUNK_MS
 
     class Args:
         tts_speed = 4.0
@@ -116,13 +114,10 @@ def test_server_added_leaves_out_exactly_what_the_standin_takes() -> None:
 
     fake = SimpleNamespace(args=Args(), mode="hosted", uses_llm=False)
     run_cls = loadgen_run.Run
-    # 1.25 s of speech is 13 chunks of 100 ms: the last goes out 12 x 25 ms after the first.
-    assert run_cls._streaming_ms(fake, 1250.0) == 300.0
-    assert run_cls._streaming_ms(fake, 100.0) == 0.0
-    fake._streaming_ms = lambda ms: run_cls._streaming_ms(fake, ms)
-    fake._engine_ms = lambda ms: run_cls._engine_ms(fake, ms)
-    metrics = {"end_of_turn_ms": 1000.0, "first_audio_sent_ms": 1620.0}
-    metrics["first_audio_duration_ms"] = 1250.0
-    # 620 ms after the end of turn: 150 STT + 150 TTS first byte + 300 streaming = 600.
+    fake._engine_ms = lambda: run_cls._engine_ms(fake)
+    metrics = {"end_of_turn_ms": 1000.0, "first_audio_sent_ms": 1320.0}
+    # 320 ms after the end of turn: 150 STT + 150 TTS first byte = 300.
     assert run_cls.server_added_at_server_ms(fake, metrics) == 20.0
+    fake.uses_llm = True  # an LLM agent also waits for the first token
+    assert run_cls.server_added_at_server_ms(fake, {**metrics, "first_audio_sent_ms": 1620.0}) == 20
     assert run_cls.server_added_at_server_ms(fake, {"end_of_turn_ms": 1.0}) is None

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from tests.support.configs import default_config_with, serving
+from voice_agent.callers import TwilioClient
 from voice_agent.engines.stt import SttError
 from voice_agent.engines.stt.openai import OpenAiStt
 from voice_agent.engines.tts import TtsChunk, TtsConfig, TtsError, make_tts
@@ -350,6 +352,29 @@ async def test_openai_streams_pcm_from_the_speech_endpoint() -> None:
         "response_format": "pcm",
         "speed": 1.25,
     }
+
+
+async def test_a_hosted_voice_reaches_the_caller_while_its_sentence_still_streams(
+    tmp_path: Path,
+) -> None:
+    # The greeting's first sentence: 100 ms of audio at once, the rest when the test says.
+    async with SpeechServer([pcm_ramp(2400), pcm_ramp(24000)]) as speech:
+        speech.hold = asyncio.Event()
+        tts = {"provider": "openai", "base_url": speech.base_url, "api_key": "sk-test"}
+        config = default_config_with(tmp_path, voice={"tts": tts})
+        async for server in serving(config):
+            url = f"ws://127.0.0.1:{server.port}/twilio"
+            async with TwilioClient(url, call_sid="CAstreamed", timeout=30) as caller:
+                heard = await caller.wait_audio(90)
+                # The caller already has the first piece; the sentence's mark waits for the
+                # rest, which the engine has not sent yet.
+                assert heard < 200 and caller.pending_marks == [] == caller.marks_echoed
+                speech.hold.set()
+                await caller.wait_until(
+                    lambda: caller.pending_marks or caller.marks_echoed or None,
+                    "the sentence's mark",
+                )
+                assert caller.received_ms >= 1090
 
 
 async def test_openai_falls_back_to_the_sdk_environment(monkeypatch: pytest.MonkeyPatch) -> None:

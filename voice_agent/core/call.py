@@ -183,6 +183,7 @@ class CallCore:
         self.agent_busy = False
         self._no_input_deadline: float | None = None
         self._metrics: dict[str, float | None] | None = None
+        self._streaming: Chunk | None = None  # the sentence whose audio is still arriving
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -259,6 +260,9 @@ class CallCore:
         """Stop the agent at once; what it means is decided when words arrive (or don't)."""
         self._segment_spent = True
         cut = self.playback.cut(now_ms)
+        if self._streaming is not None:
+            # The sentence still streaming is now (the rest of) one of the unheard chunks.
+            self._streaming = next((c for c in cut.unheard if not c.complete), None)
         actions: list[Action] = [_CLEAR]
         if self.agent_busy:
             actions.append(_CANCEL)
@@ -440,21 +444,75 @@ class CallCore:
         words: tuple[Word, ...] | None = None,
         last: bool = True,
     ) -> list[Action]:
-        """Audio for (part of) a Synthesize, already in the carrier's format."""
+        """Audio for a Synthesize, already in the carrier's format: the whole sentence at once,
+        or streamed (`last=False` for every part but the final one, which may be empty).
+
+        A part goes out as it comes; the sentence's mark and its words (the engine's timings,
+        else an estimate over its full duration) follow the final part.
+        """
+        chunk = self._streaming
+        if chunk is not None and chunk.reply_id != reply_id:
+            chunk = self._streaming = None  # a stream the driver never finished: let it go
         reply = self._replies.get(reply_id)
         if reply is None or reply.cancelled:
-            return []
-        metrics = self._metrics
-        if metrics is not None and "first_tts_audio_ms" not in metrics:
-            metrics["first_tts_audio_ms"] = now_ms
+            # A barge-in cut this sentence while it streamed: the rest of its audio still
+            # belongs to the unheard part kept for a resume (or playing again after one).
+            return self._stream_on(chunk, text, audio, duration_ms, None, last) if chunk else []
         if last:
             reply.synth_pending -= 1
         actions: list[Action] = []
-        if audio:
-            timed = words if words is not None else estimate_words(text, duration_ms)
-            chunk = Chunk(reply_id, text, timed, audio, duration_ms, "")
+        if chunk is not None:
+            actions.extend(self._stream_on(chunk, text, audio, duration_ms, words, last))
+        elif audio:
+            # A sentence's first audio (the rest of a streamed one may still come in after the
+            # caller has started a new turn, and is not that turn's).
+            metrics = self._metrics
+            if metrics is not None and "first_tts_audio_ms" not in metrics:
+                metrics["first_tts_audio_ms"] = now_ms
+            if last:
+                timed = words if words is not None else estimate_words(text, duration_ms)
+                self.playback.learn_rate(text, duration_ms)
+                chunk = Chunk(reply_id, text, timed, audio, duration_ms, "")
+            else:
+                chunk = Chunk(reply_id, text, (), audio, duration_ms, "", complete=False)
+                self._streaming = chunk
             actions.extend(self._send_chunk(chunk, now_ms))
         actions.extend(self._maybe_commit(reply_id))
+        return actions
+
+    def _stream_on(
+        self,
+        chunk: Chunk,
+        text: str,
+        audio: bytes,
+        duration_ms: float,
+        words: tuple[Word, ...] | None,
+        last: bool,
+    ) -> list[Action]:
+        """More of the sentence that is streaming, wherever its chunk now is."""
+        interruption = self._interruption
+        playing = self.playback.holds(chunk)
+        held = interruption is not None and any(c is chunk for c in interruption.unheard)
+        if not playing and not held:
+            self._streaming = None  # its reply was committed cut: nothing of it plays again
+            return []
+        chunk.extend(audio, duration_ms)
+        actions: list[Action] = []
+        if playing and audio:
+            actions.append(SendAudio(audio))
+        if last:
+            self._streaming = None
+            chunk.complete = True
+            whole = chunk.text == text  # not the unheard rest of a cut
+            if whole:
+                self.playback.learn_rate(text, chunk.duration_ms)
+            chunk.words = (
+                words
+                if words is not None and whole
+                else estimate_words(chunk.text, chunk.duration_ms)
+            )
+            if playing:
+                actions.append(SendMark(chunk.mark))
         return actions
 
     def _send_chunk(self, chunk: Chunk, now_ms: float) -> list[Action]:
@@ -462,12 +520,14 @@ class CallCore:
         chunk.mark = f"m{self._mark_seq}"
         chunk.started_ms = None
         self.playback.sent(chunk, now_ms)
-        actions: list[Action] = [SendAudio(chunk.audio), SendMark(chunk.mark)]
+        actions: list[Action] = [SendAudio(chunk.audio)]
+        if chunk.complete:
+            actions.append(SendMark(chunk.mark))
         metrics = self._metrics
         if metrics is not None and "first_audio_sent_ms" not in metrics:
             metrics["first_audio_sent_ms"] = now_ms
-            # How long the first unit plays: a reply sent a sentence at a time starts only
-            # once its first sentence is synthesised, so a longer one costs its TTS more time.
+            # How much audio that first send held: a whole sentence when the engine gives one
+            # at once, the first streamed part otherwise.
             metrics["first_audio_duration_ms"] = chunk.duration_ms
             actions.append(TurnMetrics(dict(metrics)))
             self._metrics = None
@@ -503,6 +563,7 @@ class CallCore:
             actions.append(_CANCEL)
             self.agent_busy = False
         self._interruption = None
+        self._streaming = None
         cut = self.playback.cut(now_ms)
         actions.extend(self._commit_cut(cut.heard))
         return actions

@@ -3,6 +3,10 @@
 A chunk is one synthesised sentence sent with a mark after it; the carrier echoes the mark when
 that audio has played. Inside the chunk that is playing, elapsed time maps to words through the
 TTS engine's word timings, or an estimate from the text and the chunk's duration.
+
+A sentence's audio goes out as the engine streams it, so a chunk may still be growing when the
+caller cuts in: its words are then placed over the duration it will most likely have (the
+audio so far, or its text at this call's speaking rate if that is longer).
 """
 
 from __future__ import annotations
@@ -12,6 +16,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 _WORD = re.compile(r"\S+")
+
+# Speaking rate before a call has a finished sentence to learn its own: about 150 words a
+# minute of average English words.
+DEFAULT_MS_PER_CHAR = 70.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,11 @@ class Chunk:
     duration_ms: float
     mark: str
     started_ms: float | None = None  # when it began to play, once it has
+    complete: bool = True  # False while the engine still streams the sentence's audio
+
+    def extend(self, audio: bytes, duration_ms: float) -> None:
+        self.audio += audio
+        self.duration_ms += duration_ms
 
 
 @dataclass
@@ -62,6 +75,14 @@ class PlaybackTracker:
     sample_bytes: int = 1
     queue: deque[Chunk] = field(default_factory=deque)
     heard_words: dict[int, list[str]] = field(default_factory=dict)
+    ms_per_char: float = DEFAULT_MS_PER_CHAR  # learnt from each finished sentence
+
+    def learn_rate(self, text: str, duration_ms: float) -> None:
+        if text and duration_ms > 0:
+            self.ms_per_char = duration_ms / len(text)
+
+    def holds(self, chunk: Chunk) -> bool:
+        return any(queued is chunk for queued in self.queue)
 
     @property
     def playing(self) -> bool:
@@ -102,9 +123,13 @@ class PlaybackTracker:
             position = max(
                 0.0, now_ms - (head.started_ms if head.started_ms is not None else now_ms)
             )
+            words = head.words
+            if not head.complete:
+                likely_ms = max(head.duration_ms, len(head.text) * self.ms_per_char)
+                words = estimate_words(head.text, likely_ms)
             # A word counts as heard once it has played to its end: "within one word".
-            done = [w for w in head.words if w.end_ms <= position]
-            rest = head.words[len(done) :]
+            done = [w for w in words if w.end_ms <= position]
+            rest = words[len(done) :]
             self.heard_words.setdefault(head.reply_id, []).extend(w.text for w in done)
             if rest:
                 offset = int(rest[0].start_ms * self.bytes_per_ms)
@@ -120,6 +145,7 @@ class PlaybackTracker:
                         head.audio[offset:],
                         max(0.0, head.duration_ms - rest[0].start_ms),
                         head.mark,
+                        complete=head.complete,
                     )
                 )
             unheard.extend(list(self.queue)[1:])

@@ -15,9 +15,10 @@ from typing import Any, Protocol
 
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.audio.frames import Framer
-from voice_agent.audio.resample import StreamResampler, resample
+from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import VoiceSettings
 from voice_agent.core import call as core
+from voice_agent.core.pacing import SentencePacer
 from voice_agent.core.playback import Word
 from voice_agent.core.turns import TurnConfig
 from voice_agent.engines.stt import Stt, SttStream
@@ -403,27 +404,48 @@ class CallPipeline:
                 self._apply(self.core.tts_audio(reply_id, text, b"", 0.0, self.now_ms()))
 
     async def _synthesize(self, reply_id: int, text: str) -> None:
-        """One sentence at a time; its audio goes out whole, so its word timings line up."""
+        """One sentence: its audio goes out as the engine streams it (paced, see core.pacing);
+        the core places its words (and sends its mark) when the last of it has come."""
         tts = self.engines.tts
-        pcm = bytearray()
+        carrier = self.carrier
+        to_carrier = (
+            StreamResampler(tts.sample_rate, carrier.sample_rate)
+            if tts.sample_rate != carrier.sample_rate
+            else None
+        )
+        # Paced on the engine's audio, so that what is held back is not resampled yet either.
+        pacer = SentencePacer(tts.sample_rate * 2 / 1000)
+
+        def to_send(pcm: bytes, last: bool = False) -> bytes:
+            if to_carrier is not None:
+                pcm = to_carrier.process(pcm) + (to_carrier.flush() if last else b"")
+            return carrier.encode(pcm) if pcm else b""
+
         words: list[Word] = []
         async for chunk in tts.synthesize(text):
             words.extend(Word(w.word, w.start_ms, w.end_ms) for w in chunk.words)
-            pcm += chunk.pcm
-        carrier_pcm = resample(bytes(pcm), tts.sample_rate, self.carrier.sample_rate)
-        audio = self.carrier.encode(carrier_pcm)
+            pcm = pacer.push(chunk.pcm, self.now_ms())
+            if pcm and (audio := to_send(pcm)):
+                self._tts_part(reply_id, text, audio, last=False)
+        timed = tuple(words) if tts.gives_word_timings and words else None
+        self._tts_part(reply_id, text, to_send(pacer.finish(), last=True), last=True, words=timed)
+        self._maybe_finish()
+
+    def _tts_part(
+        self,
+        reply_id: int,
+        text: str,
+        audio: bytes,
+        *,
+        last: bool,
+        words: tuple[Word, ...] | None = None,
+    ) -> None:
         duration_ms = len(audio) / self.carrier.bytes_per_ms
         self._apply(
             self.core.tts_audio(
-                reply_id,
-                text,
-                audio,
-                duration_ms,
-                self.now_ms(),
-                words=tuple(words) if tts.gives_word_timings and words else None,
+                reply_id, text, audio, duration_ms, self.now_ms(), words=words, last=last
             )
         )
-        self._maybe_finish()
 
     # ---- events for the native protocol --------------------------------------------------
 
