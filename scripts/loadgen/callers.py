@@ -40,10 +40,8 @@ class Turn:
     live: int  # calls connected then
     latency_ms: float | None = None  # caller speech end -> first agent audio received
     clear_ms: float | None = None  # barge-in: caller speech start -> clear received
-    first_unit_ms: float | None = None  # the reply's audio before its first mark
     talk_over_ms: float | None = None  # barge-in: agent audio played after the clear while
     # the caller was still speaking
-    reply_at: float | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -111,43 +109,20 @@ def audio_gaps(
     return gaps
 
 
-class _TimedMarks:
-    """Keeps when each of the server's marks arrived, echoed yet or not (a reply's first unit
-    of audio ends at its mark)."""
-
-    mark_times: list[float]
-
-    def _add_mark(self, name: str, now: float) -> None:
-        self.mark_times.append(now)
-        super()._add_mark(name, now)  # type: ignore[misc]
-
-
-class LoadTwilioClient(_TimedMarks, TwilioClient):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.mark_times = []
-
-
-class LoadNativeClient(_TimedMarks, NativeClient):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.mark_times = []
-
-
-def new_client(run: Run, number: int) -> LoadTwilioClient | LoadNativeClient:
+def new_client(run: Run, number: int) -> TwilioClient | NativeClient:
     # Safety net only: every wait of the callers has its own, shorter bound.
     timeout = 60.0
     if run.args.transport == "twilio":
         sid = f"{run.run_id}{number:010d}"
         params = {"agent": run.args.agent} if run.args.agent else {}
-        return LoadTwilioClient(
+        return TwilioClient(
             run.ws_url("/twilio"),
             call_sid=f"CA{sid}",
             stream_sid=f"MZ{sid}",
             custom_parameters=params,
             timeout=timeout,
         )
-    return LoadNativeClient(run.ws_url("/ws"), agent=run.args.agent, timeout=timeout)
+    return NativeClient(run.ws_url("/ws"), agent=run.args.agent, timeout=timeout)
 
 
 class SimulatedCall:
@@ -361,7 +336,6 @@ class SimulatedCall:
             self.result.unanswered += 1
             return
         turn.latency_ms = (frame.received_at - speech_end) * 1000
-        turn.reply_at = frame.received_at
         self.level.live_latencies.append(turn.latency_ms)
         self._reply_frame = frame
 
@@ -440,15 +414,6 @@ class SimulatedCall:
             (round(at - self.level.t0, 2), round(gap * 1000, 1)) for at, gap in gaps
         ]
         result.protocol_errors = list(client.errors[:5])
-        marks = client.mark_times
-        for turn in result.turns:
-            if turn.reply_at is None:
-                continue
-            # The first unit the server sent (today: the first sentence) ends at its mark.
-            mark_at = next((m for m in marks if m >= turn.reply_at), None)
-            if mark_at is not None:
-                size = sum(len(f.data) for f in frames if turn.reply_at <= f.received_at <= mark_at)
-                turn.first_unit_ms = size * 1000 / client.bytes_per_second
         sent = np.asarray(client.sent_at)
         if len(sent) > 1:
             # Frames are due every 20 ms from the first: how late this script sent them.

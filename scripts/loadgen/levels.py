@@ -270,7 +270,7 @@ class Level:
                 "p99_mean": round(sum(lateness) / len(lateness), 1) if lateness else None,
                 "max": max(worst_lateness) if worst_lateness else None,
             },
-            "turns": [{k: v for k, v in asdict(turn).items() if k != "reply_at"} for turn in turns],
+            "turns": [asdict(turn) for turn in turns],
             "calls_detail": [
                 {
                     "number": r.number,

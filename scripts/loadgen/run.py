@@ -12,7 +12,6 @@ import contextlib
 import gc
 import importlib.util
 import json
-import math
 import os
 import shutil
 import socket
@@ -39,10 +38,6 @@ from .paths import RESULTS, ROOT
 from .report import plot, report
 from .sampling import MachineWatch, ProcWatch
 from .stats import fmt, percentile
-
-# The stand-in's unit of streamed speech (CHUNK_MS in scripts/standin_engines.py): what its
-# TTS takes for a sentence depends on it, and server-added is what is left after that.
-STANDIN_CHUNK_MS = 100
 
 
 def _visible(pid: int) -> bool:
@@ -207,44 +202,26 @@ class Run:
     def server_added_ms(self, turn: Turn) -> float | None:
         """Caller speech end -> first audio, less what the server was configured to wait and
         the stand-in to take: end-of-turn silence, STT delay, the LLM's first-token delay (LLM
-        agents), TTS first byte and the streaming of the first unit's audio. Hosted mode only,
-        where those are known. What stays in besides the server's own work: how far the
-        server's estimate of the end of speech is from the caller's last frame above -45 dBFS
-        (0-60 ms on the fixtures) and, for LLM agents, the stand-in's 20 ms a word until the
-        first sentence is complete."""
+        agents) and TTS first byte (the server sends a sentence's audio as it streams in, so
+        the stand-in's first chunk is the caller's first audio). Hosted mode only, where those
+        are known. What stays in besides the server's own work: how far the server's estimate
+        of the end of speech is from the caller's last frame above -45 dBFS (0-60 ms on the
+        fixtures) and, for LLM agents, the stand-in's 20 ms a word until the first sentence is
+        complete."""
         if self.mode != "hosted" or turn.latency_ms is None:
             return None
-        args = self.args
-        streaming = 0.0
-        if args.tts_speed > 0:
-            if turn.first_unit_ms is None:
-                return None
-            # The stand-in speaks 24 kHz; the caller's copy has the same duration.
-            streaming = self._streaming_ms(turn.first_unit_ms)
-        return turn.latency_ms - self.eot_ms - self._engine_ms(streaming)
+        return turn.latency_ms - self.eot_ms - self._engine_ms()
 
-    def _streaming_ms(self, duration_ms: float) -> float:
-        """How long the stand-in takes to stream `duration_ms` of speech after its first byte:
-        it writes STANDIN_CHUNK_MS chunks at --tts-speed times real time, the first at once,
-        so the last goes out (chunks - 1) chunk-times later."""
-        speed = self.args.tts_speed
-        if speed <= 0:
-            return 0.0
-        chunks = max(1, math.ceil(duration_ms / STANDIN_CHUNK_MS - 1e-6))
-        return (chunks - 1) * STANDIN_CHUNK_MS / speed
-
-    def _engine_ms(self, streaming_ms: float) -> float:
-        """What the stand-in was configured to take for a turn whose first unit of audio
-        streams for `streaming_ms`."""
+    def _engine_ms(self) -> float:
+        """What the stand-in was configured to take before a turn's first audio."""
         args = self.args
         llm = args.llm_delay_ms if self.uses_llm else 0.0
-        return args.stt_delay_ms + llm + args.tts_delay_ms + streaming_ms
+        return args.stt_delay_ms + llm + args.tts_delay_ms
 
     def server_added_at_server_ms(self, metrics: dict[str, Any]) -> float | None:
         """The issue's own definition on the server's clock: first agent audio sent, from the
         moment the server took the turn as ended (the caller's speech end plus the end-of-turn
-        silence, as the frames arrived), less the stand-in's configured delays (the first
-        unit's streaming from the server's own `first_audio_duration_ms`).
+        silence, as the frames arrived), less the stand-in's configured delays.
 
         Unlike `server_added_ms` it leaves out how late this script sent the caller's frames
         and noticed the agent's: on a machine it shares with the server, most of the
@@ -254,11 +231,9 @@ class Run:
             return None
         sent = metrics.get("first_audio_sent_ms")
         turn_end = metrics.get("end_of_turn_ms")
-        duration = metrics.get("first_audio_duration_ms")
-        if sent is None or turn_end is None or duration is None:
+        if sent is None or turn_end is None:
             return None
-        streaming = self._streaming_ms(float(duration))
-        return float(sent) - float(turn_end) - self._engine_ms(streaming)
+        return float(sent) - float(turn_end) - self._engine_ms()
 
     # -- processes -------------------------------------------------------------------------
 
