@@ -59,7 +59,7 @@ class StartStt:
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # made for every frame of speech: not frozen, see twilio.Media
 class FeedStt:
     frame: bytes
 
@@ -203,15 +203,12 @@ class CallCore:
 
     def next_deadline(self) -> float | None:
         """When tick() next has something to do; the driver sets one timer for it."""
-        deadlines = [
-            d
-            for d in (
-                self._interruption.deadline_ms if self._interruption else None,
-                self._no_input_deadline,
-            )
-            if d is not None
-        ]
-        return min(deadlines) if deadlines else None
+        # Asked after every frame of speech: no list built for it.
+        interruption = self._interruption.deadline_ms if self._interruption else None
+        no_input = self._no_input_deadline
+        if interruption is None or no_input is None:
+            return no_input if interruption is None else interruption
+        return min(interruption, no_input)
 
     def _arm_no_input(self, now_ms: float) -> None:
         timeout = self.config.no_input_timeout_ms

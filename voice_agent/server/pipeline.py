@@ -122,7 +122,11 @@ class CallPipeline:
         )
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
-        self._inbound = StreamResampler(carrier.sample_rate, self.frame_rate)
+        self._inbound = (
+            StreamResampler(carrier.sample_rate, self.frame_rate)
+            if carrier.sample_rate != self.frame_rate
+            else None
+        )
         self._framer = Framer(self.frame_rate * 2 * FRAME_MS // 1000)
         self._stt: SttStream | None = None
         # A hosted STT takes the frames as they are; pocketsphinx needs 16 kHz.
@@ -179,7 +183,7 @@ class CallPipeline:
         pcm_in = self.carrier.decode(payload)
         if self.recorder is not None:
             self.recorder.caller(pcm_in, self.now_ms())
-        pcm = self._inbound.process(pcm_in)
+        pcm = self._inbound.process(pcm_in) if self._inbound is not None else pcm_in
         for frame in self._framer.push(pcm):
             is_speech = self.vad.is_speech(frame)
             partial = self._stt.partial() if self._stt is not None else ""

@@ -60,7 +60,7 @@ class Start:
     audio: AudioFormat = AudioFormat()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, for the same reason as twilio.Media
 class Audio:
     data: bytes  # whole samples in the stream's format
 
