@@ -5,11 +5,16 @@ numbers are not checked, only that everything they measure is there."""
 from __future__ import annotations
 
 import json
+import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "loadtest.py"
@@ -121,3 +126,21 @@ def test_server_added_leaves_out_exactly_what_the_standin_takes() -> None:
     fake.uses_llm = True  # an LLM agent also waits for the first token
     assert run_cls.server_added_at_server_ms(fake, {**metrics, "first_audio_sent_ms": 1620.0}) == 20
     assert run_cls.server_added_at_server_ms(fake, {"end_of_turn_ms": 1.0}) is None
+
+
+def test_a_load_test_stopped_with_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
+    process = start(
+        tmp_path / "stopped.json",
+        *("--mode", "hosted", "--calls", "1", "--duration", "60", "--no-warm-up"),
+    )
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:  # ends early only if the load test dies on its own
+        seen.append(line)
+        if found := re.search(r"against http://127\.0\.0\.1:(\d+)", line):
+            break
+    assert found, "".join(seen)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=5).close()

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -441,6 +442,11 @@ class Run:
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    task = asyncio.current_task()
+    if task is not None:
+        # Killed politely (SIGTERM, as `kill` and CI timeouts do): end as on Ctrl-C, so the
+        # server and the stand-in this run started are stopped too, not left running.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     if args.out:
         out = Path(args.out)
