@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest_asyncio
 
-from tests.support.configs import serving
+from tests.support.configs import default_config_with, serving
+from tests.support.rtc_caller import RtcCaller
 from tests.support.soak import footprint, short_call
 from voice_agent.server.app import VoiceServer
 
@@ -45,6 +48,44 @@ async def test_short_calls_leave_nothing_behind(server: VoiceServer) -> None:
     assert not server.pipelines and server.live.live_count() == 0
 
 
+async def test_short_webrtc_calls_leave_nothing_behind(tmp_path: Path) -> None:
+    """The same over WebRTC: each call's peer connection, with its ICE, DTLS and SRTP
+    transports, codecs and tasks, goes with the call."""
+    config = default_config_with(tmp_path, webrtc={"ice_timeout_s": 2})
+    async for rtc_server in serving(config):
+        url = f"ws://127.0.0.1:{rtc_server.port}/rtc"
+
+        async def rtc_call(url: str = url) -> None:
+            rtc = RtcCaller(url, timeout=30)
+            await rtc.connect()
+            await rtc.wait_loud(300)
+            await rtc.hang_up()
+
+        # Warm, as above, and once concurrently as below: the loop's default executor, where
+        # aiortc encodes every Opus frame, grows with the concurrency it meets.
+        await rtc_call()
+        await asyncio.gather(*(rtc_call() for _ in range(3)))
+        await settle(rtc_server)
+        before = footprint()
+        names_before = task_names()
+        threads_before = other_threads()
+
+        for _ in range(8):
+            await rtc_call()
+        await asyncio.gather(*(rtc_call() for _ in range(3)))
+        await settle(rtc_server)
+        after = footprint()
+
+        assert after.tasks == before.tasks, f"asyncio tasks: {names_before} -> {task_names()}"
+        # That executor keeps the workers it grew for the busiest moment, up to its fixed
+        # bound; any other thread must be gone.
+        assert other_threads() == threads_before, f"threads: {threading.enumerate()}"
+        assert executor_threads() <= min(32, (os.cpu_count() or 1) + 4)
+        assert after.fds == before.fds, f"file descriptors: {before.fds} -> {after.fds}"
+        assert after.rss_mb <= before.rss_mb * 1.10, f"RSS {before.rss_mb} -> {after.rss_mb} MB"
+        assert not rtc_server.rtc.peers and not rtc_server.pipelines
+
+
 async def settle(server: VoiceServer) -> None:
     """Until every call has ended on the server side and no short-lived task is left."""
     assert server._server is not None
@@ -64,6 +105,14 @@ async def settle(server: VoiceServer) -> None:
 
 
 TRANSIENT = ("Connection", "aclose")
+
+
+def executor_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("asyncio_"))
+
+
+def other_threads() -> int:
+    return threading.active_count() - executor_threads()
 
 
 def task_name(task: asyncio.Task[object]) -> str:
