@@ -44,3 +44,15 @@ def test_audio_is_held_back_only_while_the_caller_has_300_ms_or_more_to_play() -
             assert sent - at >= 300  # playing since the first piece, at 0 ms
     # It did hold audio back, and what it held at the stall went out with the next piece.
     assert held_at and 1300 not in held_at
+
+
+def test_audio_held_when_the_engine_stalls_is_due_before_the_caller_runs_short() -> None:
+    pacer = SentencePacer(BYTES_PER_MS)
+    for at in (0.0, 10.0, 20.0, 30.0):  # 400 ms of speech in 30 ms
+        assert pacer.push(PIECE, at) == PIECE  # the caller's lead is still short: sent
+    assert pacer.due_ms() is None
+    assert pacer.push(PIECE, 40.0) == b""  # 360 ms ahead: held
+    # Then the engine goes quiet. 400 ms were sent from 0 ms: the caller is down to 300 ms
+    # left at 100 ms, which is when the held piece must go.
+    assert pacer.due_ms() == 100.0
+    assert pacer.take() == PIECE and pacer.due_ms() is None

@@ -271,13 +271,23 @@ def test_make_tts_builds_the_named_engine(tmp_path: Path) -> None:
 class SpeechServer:
     """`POST /v1/audio/speech` as OpenAI serves it: a JSON body in, chunked PCM16 out.
 
-    After the first piece the server waits for `hold` (when set) before sending the rest.
+    After piece `hold_after` the server waits for `hold` (when set) before sending the rest;
+    `gap_s` spaces the pieces out, as an engine synthesising them one by one would.
     """
 
-    def __init__(self, pieces: list[bytes], *, status: int | None = None) -> None:
+    def __init__(
+        self,
+        pieces: list[bytes],
+        *,
+        status: int | None = None,
+        hold_after: int = 0,
+        gap_s: float = 0.0,
+    ) -> None:
         self.pieces = pieces
         self.status = status
         self.hold: asyncio.Event | None = None
+        self.hold_after = hold_after
+        self.gap_s = gap_s
         self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
         self._runner: web.AppRunner | None = None
         self.base_url = ""
@@ -291,8 +301,10 @@ class SpeechServer:
         response.enable_chunked_encoding()
         await response.prepare(request)
         for index, piece in enumerate(self.pieces):
+            if index and self.gap_s:
+                await asyncio.sleep(self.gap_s)
             await response.write(piece)
-            if index == 0 and self.hold is not None:
+            if index == self.hold_after and self.hold is not None:
                 await self.hold.wait()
         await response.write_eof()
         return response
@@ -375,6 +387,22 @@ async def test_a_hosted_voice_reaches_the_caller_while_its_sentence_still_stream
                     "the sentence's mark",
                 )
                 assert caller.received_ms >= 1090
+
+
+async def test_audio_held_back_goes_out_when_the_hosted_voice_stalls(tmp_path: Path) -> None:
+    # 100 ms, 400 ms and 100 ms of the greeting's first sentence 50 ms apart, then nothing
+    # until the test says. The last 100 ms comes while the caller is 450 ms ahead, so it is
+    # held back to go with more; as no more comes, it must go before the caller runs short.
+    pieces = [pcm_ramp(2400), pcm_ramp(9600), pcm_ramp(2400), pcm_ramp(24000)]
+    async with SpeechServer(pieces, hold_after=2, gap_s=0.05) as speech:
+        speech.hold = asyncio.Event()
+        tts = {"provider": "openai", "base_url": speech.base_url, "api_key": "sk-test"}
+        config = default_config_with(tmp_path, voice={"tts": tts})
+        async for server in serving(config):
+            url = f"ws://127.0.0.1:{server.port}/twilio"
+            async with TwilioClient(url, call_sid="CAstalled", timeout=30) as caller:
+                await caller.wait_audio(590)  # all 600 ms, less the resampler's 2.4 ms
+                speech.hold.set()
 
 
 async def test_openai_falls_back_to_the_sdk_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -425,12 +425,32 @@ class CallPipeline:
                 pcm = to_carrier.process(pcm) + (to_carrier.flush() if last else b"")
             return carrier.encode(pcm) if pcm else b""
 
-        words: list[Word] = []
-        async for chunk in tts.synthesize(text):
-            words.extend(Word(w.word, w.start_ms, w.end_ms) for w in chunk.words)
-            pcm = pacer.push(chunk.pcm, self.now_ms())
-            if pcm and (audio := to_send(pcm)):
+        held: asyncio.TimerHandle | None = None
+
+        def send_held() -> None:
+            # The engine went quiet while audio was held back: send it before the caller
+            # runs short.
+            nonlocal held
+            held = None
+            if audio := to_send(pacer.take()):
                 self._tts_part(reply_id, text, audio, last=False)
+
+        words: list[Word] = []
+        try:
+            async for chunk in tts.synthesize(text):
+                if held is not None:
+                    held.cancel()
+                    held = None
+                words.extend(Word(w.word, w.start_ms, w.end_ms) for w in chunk.words)
+                pcm = pacer.push(chunk.pcm, self.now_ms())
+                if pcm and (audio := to_send(pcm)):
+                    self._tts_part(reply_id, text, audio, last=False)
+                due_ms = pacer.due_ms()
+                if due_ms is not None:
+                    held = self._loop.call_at(self._t0 + due_ms / 1000, send_held)
+        finally:
+            if held is not None:
+                held.cancel()
         timed = tuple(words) if tts.gives_word_timings and words else None
         self._tts_part(reply_id, text, to_send(pacer.finish(), last=True), last=True, words=timed)
         self._maybe_finish()
