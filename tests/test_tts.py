@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import re
@@ -309,6 +310,11 @@ class SpeechServer:
         await response.write_eof()
         return response
 
+    def release(self) -> None:
+        """Let every held response go on."""
+        if self.hold is not None:
+            self.hold.set()
+
     async def __aenter__(self) -> SpeechServer:
         app = web.Application()
         app.router.add_post("/v1/audio/speech", self._speech)
@@ -366,27 +372,37 @@ async def test_openai_streams_pcm_from_the_speech_endpoint() -> None:
     }
 
 
+@contextlib.asynccontextmanager
+async def hosted_voice_call(tmp_path: Path, speech: SpeechServer) -> AsyncIterator[TwilioClient]:
+    """A Twilio call to the default agent speaking through `speech`, which holds each
+    response at its `hold_after` piece until `speech.release()`."""
+    speech.hold = asyncio.Event()
+    async with speech:
+        tts = {"provider": "openai", "base_url": speech.base_url, "api_key": "sk-test"}
+        async for server in serving(default_config_with(tmp_path, voice={"tts": tts})):
+            url = f"ws://127.0.0.1:{server.port}/twilio"
+            try:
+                async with TwilioClient(url, call_sid="CAhosted", timeout=30) as caller:
+                    yield caller
+            finally:
+                speech.release()  # a failed test must not leave the server waiting on it
+
+
 async def test_a_hosted_voice_reaches_the_caller_while_its_sentence_still_streams(
     tmp_path: Path,
 ) -> None:
     # The greeting's first sentence: 100 ms of audio at once, the rest when the test says.
-    async with SpeechServer([pcm_ramp(2400), pcm_ramp(24000)]) as speech:
-        speech.hold = asyncio.Event()
-        tts = {"provider": "openai", "base_url": speech.base_url, "api_key": "sk-test"}
-        config = default_config_with(tmp_path, voice={"tts": tts})
-        async for server in serving(config):
-            url = f"ws://127.0.0.1:{server.port}/twilio"
-            async with TwilioClient(url, call_sid="CAstreamed", timeout=30) as caller:
-                heard = await caller.wait_audio(90)
-                # The caller already has the first piece; the sentence's mark waits for the
-                # rest, which the engine has not sent yet.
-                assert heard < 200 and caller.pending_marks == [] == caller.marks_echoed
-                speech.hold.set()
-                await caller.wait_until(
-                    lambda: caller.pending_marks or caller.marks_echoed or None,
-                    "the sentence's mark",
-                )
-                assert caller.received_ms >= 1090
+    speech = SpeechServer([pcm_ramp(2400), pcm_ramp(24000)])
+    async with hosted_voice_call(tmp_path, speech) as caller:
+        heard = await caller.wait_audio(90)
+        # The caller already has the first piece; the sentence's mark waits for the rest,
+        # which the engine has not sent yet.
+        assert heard < 200 and caller.pending_marks == [] == caller.marks_echoed
+        speech.release()
+        await caller.wait_until(
+            lambda: caller.pending_marks or caller.marks_echoed or None, "the sentence's mark"
+        )
+        assert caller.received_ms >= 1090
 
 
 async def test_audio_held_back_goes_out_when_the_hosted_voice_stalls(tmp_path: Path) -> None:
@@ -394,15 +410,10 @@ async def test_audio_held_back_goes_out_when_the_hosted_voice_stalls(tmp_path: P
     # until the test says. The last 100 ms comes while the caller is 450 ms ahead, so it is
     # held back to go with more; as no more comes, it must go before the caller runs short.
     pieces = [pcm_ramp(2400), pcm_ramp(9600), pcm_ramp(2400), pcm_ramp(24000)]
-    async with SpeechServer(pieces, hold_after=2, gap_s=0.05) as speech:
-        speech.hold = asyncio.Event()
-        tts = {"provider": "openai", "base_url": speech.base_url, "api_key": "sk-test"}
-        config = default_config_with(tmp_path, voice={"tts": tts})
-        async for server in serving(config):
-            url = f"ws://127.0.0.1:{server.port}/twilio"
-            async with TwilioClient(url, call_sid="CAstalled", timeout=30) as caller:
-                await caller.wait_audio(590)  # all 600 ms, less the resampler's 2.4 ms
-                speech.hold.set()
+    speech = SpeechServer(pieces, hold_after=2, gap_s=0.05)
+    async with hosted_voice_call(tmp_path, speech) as caller:
+        await caller.wait_audio(590)  # all 600 ms, less the resampler's 2.4 ms
+        speech.release()
 
 
 async def test_openai_falls_back_to_the_sdk_environment(monkeypatch: pytest.MonkeyPatch) -> None:
