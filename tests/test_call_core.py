@@ -404,3 +404,27 @@ def test_a_barge_in_while_a_sentence_streams_commits_the_words_heard_of_it() -> 
     # its likely length, 70 ms per character: "Your" ends at 344 ms, "table" at 756, "is"
     # at 962.
     assert of(CommitReply, final) == [CommitReply(1, "Your table")]
+
+
+def test_a_sentence_cut_while_it_streams_is_wanted_only_while_it_may_resume() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    text = d.reply(1, "Your table is booked for Friday at eight in the evening.")
+    assert d.core.stream_wanted(1)
+    d.part(1, text, 1000)
+    d.play(650)
+    d.frames(300, speech=True, partial="no")
+    # Stopped: no more sentences of it, but the rest of this one may still play if the
+    # caller's words turn out to be noise.
+    assert not d.core.reply_wanted(1) and d.core.stream_wanted(1)
+    d.frames(500, speech=False)
+    d.run(d.core.stt_final("no make it saturday", d.now))
+    # Committed cut: the engine's rest of the sentence has nowhere to go.
+    assert not d.core.stream_wanted(1)
+    # A reply the caller talked over before any of its audio had come is not wanted either.
+    d.core.agent_turn_started(d.now)
+    d.reply(2, "Saturday it is.")
+    d.frames(300, speech=True)
+    d.frames(500, speech=False)
+    assert of(CancelAgentTurn, d.run(d.core.stt_final("no wait", d.now)))
+    assert not d.core.stream_wanted(2)

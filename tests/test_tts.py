@@ -290,11 +290,13 @@ class SpeechServer:
         self.hold_after = hold_after
         self.gap_s = gap_s
         self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self._arrived = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.base_url = ""
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((dict(request.headers), await request.json()))
+        self._arrived.set()
         if self.status is not None:
             error = {"message": "voice not available", "type": "invalid_request_error"}
             return web.json_response({"error": error}, status=self.status)
@@ -309,6 +311,12 @@ class SpeechServer:
                 await self.hold.wait()
         await response.write_eof()
         return response
+
+    async def wait_requests(self, count: int) -> None:
+        async with asyncio.timeout(30):  # a safety net, not a measurement
+            while len(self.requests) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
 
     def release(self) -> None:
         """Let every held response go on."""
@@ -403,6 +411,44 @@ async def test_a_hosted_voice_reaches_the_caller_while_its_sentence_still_stream
             lambda: caller.pending_marks or caller.marks_echoed or None, "the sentence's mark"
         )
         assert caller.received_ms >= 1090
+
+
+async def test_the_next_sentence_is_requested_while_the_one_before_still_streams(
+    tmp_path: Path,
+) -> None:
+    # Each sentence of the greeting: 100 ms at once, the rest when the test says.
+    speech = SpeechServer([pcm_ramp(2400), pcm_ramp(24000)])
+    async with hosted_voice_call(tmp_path, speech) as caller:
+        await caller.wait_audio(90)
+        # The first sentence is still streaming, and the second is already asked for, so its
+        # audio is there when the first ends, without the engine's delay in between. One
+        # sentence ahead only: the third waits.
+        await speech.wait_requests(2)
+        assert len(speech.requests) == 2
+        speech.release()
+        await caller.wait_until(lambda: len(caller.marks_echoed) >= 3 or None, "three sentences")
+    said = [body["input"] for _, body in speech.requests]
+    assert said == [
+        "Hello, thanks for calling Bella Vista!",
+        "I can book, change or cancel a table.",
+        "What would you like to do?",
+    ]
+
+
+async def test_after_a_barge_in_the_next_reply_does_not_wait_for_the_cut_sentences_stream(
+    tmp_path: Path,
+) -> None:
+    speech = SpeechServer([pcm_ramp(2400), pcm_ramp(24000)])
+    async with hosted_voice_call(tmp_path, speech) as caller:
+        await caller.wait_audio(90)
+        # The caller talks over the greeting, whose first sentence the engine still holds.
+        await caller.send_audio((FIXTURES / "joe_book1.ulaw").read_bytes())
+        await caller.wait_clear()
+        heard = caller.received_ms
+        # The answer's first piece plays though the cut sentence's stream never ended: once
+        # the barge-in is real, nothing of that sentence can play again, so it is dropped.
+        await caller.wait_audio(heard + 90)
+        assert len(speech.requests) >= 3
 
 
 async def test_audio_held_back_goes_out_when_the_hosted_voice_stalls(tmp_path: Path) -> None:

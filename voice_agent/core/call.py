@@ -477,6 +477,26 @@ class CallCore:
         actions.extend(self._maybe_commit(reply_id))
         return actions
 
+    def reply_wanted(self, reply_id: int) -> bool:
+        """Whether sentences of `reply_id` not yet streaming are still to be spoken: not after
+        a barge-in or once the reply is committed. The driver drops those that are not."""
+        reply = self._replies.get(reply_id)
+        return reply is not None and not reply.cancelled
+
+    def stream_wanted(self, reply_id: int) -> bool:
+        """Whether more audio of `reply_id`'s sentence now streaming has anywhere to go: its
+        reply goes on, or a barge-in cut it and its rest is kept for a resume. When not, the
+        driver stops the engine rather than wait for audio nobody will hear."""
+        if self.reply_wanted(reply_id):
+            return True
+        chunk = self._streaming
+        if chunk is None or chunk.reply_id != reply_id:
+            return False
+        interruption = self._interruption
+        return self.playback.holds(chunk) or (
+            interruption is not None and any(c is chunk for c in interruption.unheard)
+        )
+
     def _stream_on(
         self,
         chunk: Chunk,

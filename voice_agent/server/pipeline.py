@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from voice_agent.audio.codec import CarrierFormat
@@ -22,7 +23,7 @@ from voice_agent.core.pacing import SentencePacer
 from voice_agent.core.playback import Word
 from voice_agent.core.turns import TurnConfig
 from voice_agent.engines.stt import Stt, SttStream
-from voice_agent.engines.tts import Tts
+from voice_agent.engines.tts import Tts, TtsChunk
 from voice_agent.engines.vad import Vad
 from voice_agent.observability import call_context
 from voice_agent.runtime.audit import AuditEvent
@@ -41,6 +42,10 @@ log = logging.getLogger("voice_agent.call")
 STT_RATE = 16000
 VAD_RATES = (8000, 16000, 32000, 48000)  # what webrtcvad takes as it is
 FRAME_MS = 20
+# Sentences whose synthesis runs at once: the one streaming to the caller and the next, so
+# the next one's first audio is there when the current one ends (an engine's first-byte
+# delay would otherwise fall between the two, in the caller's ears).
+SYNTH_IN_FLIGHT = 2
 
 
 class Outbound(Protocol):
@@ -51,6 +56,18 @@ class Outbound(Protocol):
     def clear(self) -> None: ...
     def event(self, payload: dict[str, Any]) -> None: ...
     def close(self, code: int, reason: str) -> None: ...
+
+
+@dataclass(eq=False)
+class _Synthesis:
+    """One sentence's synthesis under way: its engine pieces, buffered until it is its turn
+    to stream (None ends them; an exception is the engine's failure)."""
+
+    reply_id: int
+    text: str
+    pieces: asyncio.Queue[TtsChunk | BaseException | None] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+    dropped: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,7 +151,12 @@ class CallPipeline:
         self._to_stt = self._stt_resampler()
         self._turn: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._synth_queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        # Sentences to synthesise, in order: not started yet, then started (at most
+        # SYNTH_IN_FLIGHT, the first of them streaming to the caller).
+        self._synth_waiting: deque[tuple[int, str]] = deque()
+        self._synth_started: asyncio.Queue[_Synthesis] = asyncio.Queue()
+        self._synth_in_flight: list[_Synthesis] = []
+        self._synth_streaming: _Synthesis | None = None
         self._synth_task: asyncio.Task[None] | None = self._spawn(self._synthesize_forever())
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -238,6 +260,7 @@ class CallPipeline:
     # ---- the core's actions ------------------------------------------------------------
 
     def _apply(self, actions: list[core.Action]) -> None:
+        prune = False
         for action in actions:
             if isinstance(action, core.FeedStt):
                 if self._stt is not None:
@@ -266,13 +289,17 @@ class CallPipeline:
                 self._run_turn(self.session.user_turn(action.text))
             elif isinstance(action, core.CancelAgentTurn):
                 self._cancel_turn()
+                prune = True
             elif isinstance(action, core.Synthesize):
-                self._synth_queue.put_nowait((action.reply_id, action.text))
+                self._synth_waiting.append((action.reply_id, action.text))
+                self._start_synthesis()
             elif isinstance(action, core.SendClear):
                 self.out.clear()
                 if self.recorder is not None:
                     self.recorder.clear(self.now_ms())
+                prune = True
             elif isinstance(action, core.CommitReply):
+                prune = True
                 if self.session.conversation.is_pending(action.reply_id):
                     self.session.commit_reply(action.reply_id, action.heard)
                     self.out.event(
@@ -288,6 +315,8 @@ class CallPipeline:
                 self.session.audit.add(action.type, **action.data)
             elif isinstance(action, core.TurnMetrics):
                 self._turn_metrics(action.data)
+        if prune:
+            self._prune_synthesis()
         self._set_timer()
 
     def _set_timer(self) -> None:
@@ -349,8 +378,6 @@ class CallPipeline:
         if self._turn is not None and not self._turn.done():
             self._turn.cancel()
         self._turn = None
-        while not self._synth_queue.empty():
-            self._synth_queue.get_nowait()
 
     def _queue_event(self, name: str, data: dict[str, Any]) -> None:
         """Events wait for the agent's current turn: one turn runs at a time."""
@@ -387,7 +414,7 @@ class CallPipeline:
     def _maybe_finish(self) -> None:
         if self._ending is None or self.ended:
             return
-        if self.core.playback.playing or self.core.agent_busy or not self._synth_queue.empty():
+        if self.core.playback.playing or self.core.agent_busy or self._synth_in_flight:
             return
         reason, self._ending = self._ending, None
         self.out.event({"type": "end", "reason": reason})
@@ -396,20 +423,78 @@ class CallPipeline:
 
     # ---- TTS ---------------------------------------------------------------------------
 
+    def _prune_synthesis(self) -> None:
+        """Stop synthesising what the caller will not hear: sentences of replies a barge-in
+        stopped or that are committed, and the rest of one cut while it streamed once it can
+        no longer resume. Waiting for them would hold up the next reply's audio."""
+        wanted = self.core.reply_wanted
+        if any(not wanted(reply_id) for reply_id, _ in self._synth_waiting):
+            self._synth_waiting = deque(s for s in self._synth_waiting if wanted(s[0]))
+        kept: list[_Synthesis] = []
+        for synthesis in self._synth_in_flight:
+            streaming = synthesis is self._synth_streaming
+            if streaming:
+                keep = self.core.stream_wanted(synthesis.reply_id)
+            else:
+                keep = wanted(synthesis.reply_id)
+            if keep or streaming:
+                kept.append(synthesis)  # one that streams is let go by the synth task
+            if keep or synthesis.dropped:
+                continue
+            synthesis.dropped = True
+            if synthesis.task is not None:
+                synthesis.task.cancel()
+            pieces = synthesis.pieces
+            while not pieces.empty():
+                pieces.get_nowait()
+            pieces.put_nowait(None)
+        self._synth_in_flight = kept
+        self._start_synthesis()
+
+    def _start_synthesis(self) -> None:
+        while self._synth_waiting and len(self._synth_in_flight) < SYNTH_IN_FLIGHT:
+            reply_id, text = self._synth_waiting.popleft()
+            synthesis = _Synthesis(reply_id, text)
+            synthesis.task = self._spawn(self._request_speech(synthesis))
+            self._synth_in_flight.append(synthesis)
+            self._synth_started.put_nowait(synthesis)
+
+    async def _request_speech(self, synthesis: _Synthesis) -> None:
+        pieces = synthesis.pieces
+        try:
+            async for chunk in self.engines.tts.synthesize(synthesis.text):
+                pieces.put_nowait(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            pieces.put_nowait(exc)
+            return
+        pieces.put_nowait(None)
+
     async def _synthesize_forever(self) -> None:
         while True:
-            reply_id, text = await self._synth_queue.get()
+            synthesis = await self._synth_started.get()
+            if synthesis.dropped:
+                continue
+            self._synth_streaming = synthesis
             try:
-                await self._synthesize(reply_id, text)
+                await self._synthesize(synthesis)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.session.audit.add("error", where="tts", message=f"{type(exc).__name__}: {exc}")
-                self._apply(self.core.tts_audio(reply_id, text, b"", 0.0, self.now_ms()))
+                self._apply(
+                    self.core.tts_audio(synthesis.reply_id, synthesis.text, b"", 0.0, self.now_ms())
+                )
+            self._synth_streaming = None
+            self._synth_in_flight.remove(synthesis)
+            self._start_synthesis()
+            self._maybe_finish()
 
-    async def _synthesize(self, reply_id: int, text: str) -> None:
+    async def _synthesize(self, synthesis: _Synthesis) -> None:
         """One sentence: its audio goes out as the engine streams it (paced, see core.pacing);
         the core places its words (and sends its mark) when the last of it has come."""
+        reply_id, text = synthesis.reply_id, synthesis.text
         tts = self.engines.tts
         carrier = self.carrier
         to_carrier = (
@@ -437,7 +522,9 @@ class CallPipeline:
 
         words: list[Word] = []
         try:
-            async for chunk in tts.synthesize(text):
+            while (chunk := await synthesis.pieces.get()) is not None:
+                if isinstance(chunk, BaseException):
+                    raise chunk
                 if held is not None:
                     held.cancel()
                     held = None
@@ -453,7 +540,6 @@ class CallPipeline:
                 held.cancel()
         timed = tuple(words) if tts.gives_word_timings and words else None
         self._tts_part(reply_id, text, to_send(pacer.finish(), last=True), last=True, words=timed)
-        self._maybe_finish()
 
     def _tts_part(
         self,
