@@ -406,6 +406,7 @@ async def test_a_hosted_voice_reaches_the_caller_while_its_sentence_still_stream
         # The caller already has the first piece; the sentence's mark waits for the rest,
         # which the engine has not sent yet.
         assert heard < 200 and caller.pending_marks == [] == caller.marks_echoed
+        assert caller.sentence_streaming
         speech.release()
         await caller.wait_until(
             lambda: caller.pending_marks or caller.marks_echoed or None, "the sentence's mark"

@@ -156,6 +156,7 @@ class _Caller:
         self._ws: ClientConnection | None = None
         self._pending: deque[_PendingMark] = deque()
         self._play_end = 0.0
+        self._unmarked_audio = False  # audio came after the last mark: a sentence streams on
         self._out = _Outgoing()
         self._out_ready = asyncio.Event()
         self._wake_playback = asyncio.Event()
@@ -343,9 +344,11 @@ class _Caller:
         end = start + len(data) / self.bytes_per_second
         self.frames.append(ReceivedAudio(data, now, start, end))
         self._play_end = end
+        self._unmarked_audio = True
 
     def _add_mark(self, name: str, now: float) -> None:
         self._pending.append(_PendingMark(name, now, max(now, self._play_end)))
+        self._unmarked_audio = False
         self._wake_playback.set()
 
     async def _clear(self, now: float) -> None:
@@ -356,6 +359,7 @@ class _Caller:
             frame.cut_at = max(now, frame.play_start)
             dropped += len(frame.data) - frame.played_bytes(now, self.bytes_per_second)
         self._play_end = now
+        self._unmarked_audio = False
         returned = list(self._pending)
         self._pending.clear()
         self._wake_playback.set()
@@ -416,6 +420,12 @@ class _Caller:
     def playback_end(self) -> float:
         """When the audio queued so far will have played (the clock's time)."""
         return self._play_end
+
+    @property
+    def sentence_streaming(self) -> bool:
+        """The server's latest audio has no mark after it yet: more of that sentence is on its
+        way (a server sends a sentence's mark after its last audio)."""
+        return self._unmarked_audio
 
     # -- waiting -------------------------------------------------------------------------------
 
