@@ -7,8 +7,10 @@ import asyncio
 import io
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ from voice_agent.observability.logs import (
 )
 from voice_agent.observability.loop_lag import LagMeter, LoopLagMonitor
 from voice_agent.observability.metrics import ServerMetrics, error_source, turn_stages
+from voice_agent.observability.worker_metrics import STALE_AFTER_S, SharedMetrics
 from voice_agent.runtime.audit import AuditEvent, AuditLog
 
 SECRET = "sk-obs-canary-5d1e9b7a"
@@ -49,7 +52,7 @@ TURN = {
 }
 
 
-def scrape(metrics: ServerMetrics) -> Samples:
+def scrape(metrics: ServerMetrics | SharedMetrics) -> Samples:
     body, content_type = metrics.render()
     assert content_type.startswith("text/plain")
     samples: Samples = {}
@@ -171,6 +174,28 @@ def test_servers_in_one_process_keep_their_own_series() -> None:
     assert value(scrape(first), "voice_agent_calls_started_total", transport="ws") == 1
     assert ("voice_agent_calls_started_total", (("transport", "ws"),)) not in scrape(second)
     assert any(name.startswith("process_") for name, _ in scrape(first))
+
+
+def test_a_worker_answers_for_every_live_worker_each_under_its_label(tmp_path: Path) -> None:
+    workers = [SharedMetrics(ServerMetrics(worker=n), tmp_path, n) for n in range(4)]
+    for number, worker in enumerate(workers):
+        for _ in range(number + 1):
+            worker.metrics.call_started("twilio")
+        worker.write()
+    # Worker 2 died long ago without removing its file; worker 3's file is not metrics.
+    old = time.time() - STALE_AFTER_S - 5
+    os.utime(workers[2].path, (old, old))
+    workers[3].path.write_text("voice_agent_calls_started_total{transport=twilio 1\n")
+    first, second = workers[0], workers[1]
+    first.metrics.call_started("twilio")  # since its last write: a scrape sees it at once
+    s = scrape(first)
+    started = "voice_agent_calls_started_total"
+    assert value(s, started, transport="twilio", worker="0") == 2
+    assert value(s, started, transport="twilio", worker="1") == 2
+    assert {dict(labels).get("worker") for name, labels in s if name == started} == {"0", "1"}
+    # Whichever worker answers, the same series: the other's as last written.
+    assert value(scrape(second), started, transport="twilio", worker="0") == 1
+    assert value(scrape(second), started, transport="twilio", worker="1") == 2
 
 
 def test_a_listener_on_a_real_audit_log_never_breaks_the_call() -> None:

@@ -197,7 +197,29 @@ async def test_two_workers_share_the_port_and_the_call_records(data_dir: Path) -
             for caller in callers:
                 call = await get(f"{server.http}/calls/{caller.call_id}")
                 assert call["agent"] == "booking"
+        # Whichever worker a scrape reaches, it counts every worker's calls, each worker's
+        # under its own label (a series that took turns between workers would look like
+        # counter resets to Prometheus).
+        answers = [await calls_started_by_worker(server) for _ in range(6)]
     finally:
         server.stop()
     assert server.process.returncode == 0
     assert len(pids) == 2, "both workers answered"
+    assert all(set(answer) == {"0", "1"} for answer in answers), answers
+    assert all(sum(answer.values()) == 6 for answer in answers), answers
+    assert not list((data_dir / "metrics").rglob("*.prom")), "workers remove their files"
+
+
+async def calls_started_by_worker(server: Served) -> dict[str, float]:
+    """calls_started per worker label, once every worker's latest metrics are in a scrape."""
+    async with asyncio.timeout(20):  # a safety net: the workers write every second
+        while True:
+            started: dict[str, float] = {}
+            for family in text_string_to_metric_families(await get(f"{server.http}/metrics")):
+                for sample in family.samples:
+                    if sample.name == "voice_agent_calls_started_total":
+                        worker = sample.labels.get("worker", "?")
+                        started[worker] = started.get(worker, 0) + sample.value
+            if sum(started.values()) >= 6:
+                return started
+            await asyncio.sleep(0.2)

@@ -37,6 +37,7 @@ from voice_agent.observability import (
     add_log_secrets,
     set_call_id,
 )
+from voice_agent.observability.worker_metrics import SharedMetrics
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.secrets import DATA_DIR_ENV
@@ -165,6 +166,12 @@ class VoiceServer:
         self.recording = registry.loaded.config.server.recording
         self._pruner: asyncio.Task[None] | None = None
         self.metrics = ServerMetrics(worker=worker_id)
+        # Workers sharing the port answer /metrics for one another (observability.worker_metrics).
+        self.shared_metrics = (
+            SharedMetrics(self.metrics, self.data_dir / "metrics" / f"port-{port}", worker_id)
+            if reuse_port
+            else None
+        )
         self.lag = LoopLagMonitor(self._on_loop_lag)
         self._lags: deque[float] = deque(maxlen=3)
         add_log_secrets(registry.secrets)
@@ -449,7 +456,8 @@ class VoiceServer:
                 },
             )
         if path == "/metrics":
-            body, content_type = self.metrics.render()
+            shared = self.shared_metrics
+            body, content_type = shared.render() if shared is not None else self.metrics.render()
             headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body)))])
             return Response(http.HTTPStatus.OK.value, "OK", headers, body)
         if path == "/agents":
@@ -521,6 +529,8 @@ class VoiceServer:
         sockets = list(self._server.sockets)
         if sockets:
             self.port = sockets[0].getsockname()[1]
+        if self.shared_metrics is not None:
+            self.shared_metrics.start()
 
     @property
     def url(self) -> str:
@@ -530,6 +540,8 @@ class VoiceServer:
         """Stop accepting calls, let live ones finish until the deadline, then end them."""
         self._closing = True
         await self.lag.stop()
+        if self.shared_metrics is not None:
+            await self.shared_metrics.stop()
         if self._pruner is not None:
             self._pruner.cancel()
         if self._server is None:
