@@ -537,7 +537,7 @@ class CallCore:
         chunk.mark = f"m{self._mark_seq}"
         chunk.started_ms = None
         self.playback.sent(chunk, now_ms)
-        actions: list[Action] = [SendAudio(chunk.audio)]
+        actions: list[Action] = [SendAudio(chunk.all_audio())]
         if chunk.complete:
             actions.append(SendMark(chunk.mark))
         metrics = self._metrics

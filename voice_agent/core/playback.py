@@ -54,10 +54,20 @@ class Chunk:
     mark: str
     started_ms: float | None = None  # when it began to play, once it has
     complete: bool = True  # False while the engine still streams the sentence's audio
+    # Parts streamed after `audio`, joined only when the whole is needed (a resend): adding
+    # each part to `audio` would copy the sentence so far for every part.
+    _more: list[bytes] = field(default_factory=list, repr=False)
 
     def extend(self, audio: bytes, duration_ms: float) -> None:
-        self.audio += audio
+        if audio:
+            self._more.append(audio)
         self.duration_ms += duration_ms
+
+    def all_audio(self) -> bytes:
+        if self._more:
+            self.audio = b"".join([self.audio, *self._more])
+            self._more.clear()
+        return self.audio
 
 
 @dataclass
@@ -142,7 +152,7 @@ class PlaybackTracker:
                             Word(w.text, w.start_ms - rest[0].start_ms, w.end_ms - rest[0].start_ms)
                             for w in rest
                         ),
-                        head.audio[offset:],
+                        head.all_audio()[offset:],
                         max(0.0, head.duration_ms - rest[0].start_ms),
                         head.mark,
                         complete=head.complete,
