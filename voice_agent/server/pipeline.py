@@ -245,6 +245,11 @@ class CallPipeline:
         # whole worker for a full garbage collection.
         self._synth_task = None
         self._turn = None
+        self._synth_waiting.clear()
+        self._synth_in_flight.clear()
+        self._synth_streaming = None
+        while not self._synth_started.empty():
+            self._synth_started.get_nowait()
         self.session.audit.close()
         self.finished.set()
 
@@ -465,6 +470,10 @@ class CallPipeline:
             async for chunk in self.engines.tts.synthesize(synthesis.text):
                 pieces.put_nowait(chunk)
         except asyncio.CancelledError:
+            # The cancelled task keeps its error, whose traceback holds this frame and so the
+            # synthesis: were the synthesis to hold the task, only the collector could free
+            # them (and the pipeline this frame holds).
+            synthesis.task = None
             raise
         except Exception as exc:
             pieces.put_nowait(exc)
