@@ -8,6 +8,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import json
+import logging
 import re
 import socket
 import wave
@@ -450,6 +451,30 @@ async def test_after_a_barge_in_the_next_reply_does_not_wait_for_the_cut_sentenc
         # the barge-in is real, nothing of that sentence can play again, so it is dropped.
         await caller.wait_audio(heard + 90)
         assert len(speech.requests) >= 3
+
+
+class LogLine(logging.Handler):
+    """Sets `seen` once a record containing `text` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+async def test_a_failing_hosted_voice_is_in_the_log_as_the_calls_error(tmp_path: Path) -> None:
+    line = LogLine("call CAhosted: tts error: TtsError: speech request failed with HTTP 500")
+    logger = logging.getLogger("voice_agent.server")
+    logger.addHandler(line)
+    try:
+        async with hosted_voice_call(tmp_path, SpeechServer([], status=500)):
+            await asyncio.wait_for(line.seen.wait(), 30)
+    finally:
+        logger.removeHandler(line)
 
 
 async def test_audio_held_back_goes_out_when_the_hosted_voice_stalls(tmp_path: Path) -> None:

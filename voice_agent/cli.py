@@ -96,6 +96,9 @@ async def _serve(args: argparse.Namespace) -> int:
     from voice_agent.server.auth import check_bind, startup_notices
 
     logging.getLogger("websockets.server").setLevel(logging.WARNING)  # one line per HTTP request
+    # httpx (under the openai SDK) logs every engine request at INFO: one line per sentence
+    # spoken. Failures still reach the log, as the call's audited errors.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     registry = _registry(args)
     server = VoiceServer(
         registry,

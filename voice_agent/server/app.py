@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
@@ -116,6 +116,19 @@ def data_dir_of(registry: AgentRegistry) -> Path:
 def open_durable_store(registry: AgentRegistry) -> DurableStore:
     settings = registry.loaded.config.server
     return open_store(settings.store, data_dir_of(registry), retention_days=settings.retention_days)
+
+
+def _log_errors(call_id: str) -> Callable[[AuditEvent], None]:
+    """Errors a call lives through (an engine request failing, a function raising) go to the
+    log as well as the call's audit: the log is where an operator looks first."""
+
+    def listener(event: AuditEvent) -> None:
+        where = event.data.get("where")
+        # The pipeline's own failures are logged with their traceback where they happen.
+        if event.type == "error" and where != "pipeline":
+            log.warning("call %s: %s error: %s", call_id, where, event.data.get("message", ""))
+
+    return listener
 
 
 class VoiceServer:
@@ -299,6 +312,7 @@ class VoiceServer:
                 }
             )
         )
+        session.audit.subscribe(_log_errors(session.call_id))
         self.metrics.call_started(transport)
         self.pipelines[session.call_id] = pipeline
         log.info(
