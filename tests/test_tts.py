@@ -397,11 +397,16 @@ async def hosted_voice_call(tmp_path: Path, speech: SpeechServer) -> AsyncIterat
                 speech.release()  # a failed test must not leave the server waiting on it
 
 
+def first_100_ms_then_held() -> SpeechServer:
+    """Each sentence the engine is asked for: 100 ms of audio at once, the rest (1 s) when the
+    test calls `release()`."""
+    return SpeechServer([pcm_ramp(2400), pcm_ramp(24000)])
+
+
 async def test_a_hosted_voice_reaches_the_caller_while_its_sentence_still_streams(
     tmp_path: Path,
 ) -> None:
-    # The greeting's first sentence: 100 ms of audio at once, the rest when the test says.
-    speech = SpeechServer([pcm_ramp(2400), pcm_ramp(24000)])
+    speech = first_100_ms_then_held()
     async with hosted_voice_call(tmp_path, speech) as caller:
         heard = await caller.wait_audio(90)
         # The caller already has the first piece; the sentence's mark waits for the rest,
@@ -418,8 +423,7 @@ async def test_a_hosted_voice_reaches_the_caller_while_its_sentence_still_stream
 async def test_the_next_sentence_is_requested_while_the_one_before_still_streams(
     tmp_path: Path,
 ) -> None:
-    # Each sentence of the greeting: 100 ms at once, the rest when the test says.
-    speech = SpeechServer([pcm_ramp(2400), pcm_ramp(24000)])
+    speech = first_100_ms_then_held()
     async with hosted_voice_call(tmp_path, speech) as caller:
         await caller.wait_audio(90)
         # The first sentence is still streaming, and the second is already asked for, so its
@@ -440,7 +444,7 @@ async def test_the_next_sentence_is_requested_while_the_one_before_still_streams
 async def test_after_a_barge_in_the_next_reply_does_not_wait_for_the_cut_sentences_stream(
     tmp_path: Path,
 ) -> None:
-    speech = SpeechServer([pcm_ramp(2400), pcm_ramp(24000)])
+    speech = first_100_ms_then_held()
     async with hosted_voice_call(tmp_path, speech) as caller:
         await caller.wait_audio(90)
         # The caller talks over the greeting, whose first sentence the engine still holds.
