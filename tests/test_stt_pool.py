@@ -316,6 +316,30 @@ async def test_a_killed_worker_is_replaced_and_others_go_on(
         await stt.aclose()
 
 
+async def test_a_worker_outlives_a_sigterm_meant_for_the_whole_server(
+    agent_lm: DomainLm,
+    audio: dict[str, bytes],
+    reference: dict[str, Transcript],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # systemd (KillMode=control-group) and `kill -- -PGID` signal every process of the server
+    # at once; the server drains its live calls, whose speech still needs decoding.
+    stt = ProcessPoolStt(agent_lm, processes=1)
+    try:
+        await stt.warm_up()
+        stream = stt.start()
+        pid = stream.pid
+        assert pid is not None
+        with caplog.at_level(logging.ERROR, logger="voice_agent.engines.stt.pool"):
+            os.kill(pid, signal.SIGTERM)
+            push_all(stream, audio["joe_book2"])
+            assert await stream.finish() == reference["joe_book2"]
+        assert stt.worker_pids == [pid] and "died" not in caplog.text
+    finally:
+        await stt.aclose()
+    assert pid not in child_pids()  # closing the pool still ends it
+
+
 async def test_aclose_finishes_what_was_asked_and_leaves_nothing_running(
     agent_lm: DomainLm, audio: dict[str, bytes], reference: dict[str, Transcript]
 ) -> None:

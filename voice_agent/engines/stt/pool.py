@@ -92,8 +92,11 @@ class _WorkerSettings:
 
 def worker_main(read_fd: int, write_fd: int) -> None:
     """A worker process's entry: decode batches from `read_fd`, reply on `write_fd`."""
-    # Ctrl-C in a terminal reaches the whole process group; the server decides when we stop.
+    # Ctrl-C in a terminal reaches the whole process group, and so does SIGTERM from systemd
+    # (its default KillMode) or `kill -- -PGID`; the server then drains its live calls, which
+    # still need their decoders. The server decides when we stop: it closes our pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     requests = Connection(read_fd, writable=False)
     results = Connection(write_fd, readable=False)
     try:
