@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +208,42 @@ async def test_two_workers_share_the_port_and_the_call_records(data_dir: Path) -
     assert all(set(answer) == {"0", "1"} for answer in answers), answers
     assert all(sum(answer.values()) == 6 for answer in answers), answers
     assert not list((data_dir / "metrics").rglob("*.prom")), "workers remove their files"
+
+
+async def answering_pids(server: Served, wanted: Callable[[set[int]], bool]) -> set[int]:
+    """The worker pids /healthz has answered from, asked until `wanted` holds of them."""
+    pids: set[int] = set()
+    async with asyncio.timeout(30):  # a safety net: connections land on workers at random
+        while not wanted(pids):
+            try:
+                pids.add((await get(f"{server.http}/healthz"))["pid"])
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)  # between a worker's death and the kernel noticing
+    return pids
+
+
+async def test_a_worker_that_dies_is_started_again(data_dir: Path) -> None:
+    server = Served(data_dir, free_port(), "--workers", "2")
+    server.wait_ready()
+    try:
+        first = await answering_pids(server, lambda pids: len(pids) == 2)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)  # as the OOM killer would
+        # A new worker answers on the port, beside the one that lived on.
+        again = await answering_pids(server, lambda pids: len(pids - first) == 1)
+        survivor = first - {victim}
+        await answering_pids(server, lambda pids: pids >= (again - first) | survivor)
+    finally:
+        server.stop()
+    assert server.process.returncode == 0  # a clean stop, after the restart
+
+
+def test_a_worker_that_cannot_start_stops_them_all(data_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "agents.yaml"
+    broken.write_text("default_agent: nobody\nagents: {}\n")
+    server = Served(data_dir, free_port(), "--workers", "2", "--config", str(broken))
+    # Exits instead of restarting workers that can only fail again.
+    assert server.process.wait(60) != 0
 
 
 async def calls_started_by_worker(server: Served) -> dict[str, float]:

@@ -7,8 +7,6 @@ import asyncio
 import gc
 import logging
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -64,36 +62,22 @@ async def _call(args: argparse.Namespace) -> int:
 
 
 def _serve_workers(args: argparse.Namespace) -> int:
-    """`--workers N`: N server processes share the port (SO_REUSEPORT); each owns its calls."""
+    """`--workers N`: N server processes share the port (SO_REUSEPORT), kept running."""
+    from voice_agent.server.workers import supervise
+
     if args.port == 0:
         raise VoiceAgentError("--workers needs a fixed --port: the workers must share it")
     command = [sys.executable, "-m", "voice_agent.cli", "serve", "--config", args.config]
     command += ["--host", args.host, "--port", str(args.port), "--reuse-port"]
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
-    children = [
-        subprocess.Popen(
-            [*command, "--worker-id", str(index)],
-            env={**os.environ, WORKERS_ENV: str(args.workers)},
-        )
-        for index in range(args.workers)
-    ]
-
-    def forward(signum: int, _frame: object) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    # One worker failing to start (a bad config, a port in use) stops them all.
-    codes = [child.wait() for child in children]
-    return max(codes, key=abs)
+    return supervise(command, args.workers, {**os.environ, WORKERS_ENV: str(args.workers)})
 
 
 async def _serve(args: argparse.Namespace) -> int:
     from voice_agent.server.app import VoiceServer
     from voice_agent.server.auth import check_bind, startup_notices
+    from voice_agent.server.workers import mark_ready
 
     logging.getLogger("websockets.server").setLevel(logging.WARNING)  # one line per HTTP request
     # httpx (under the openai SDK) logs every engine request at INFO: one line per sentence
@@ -123,6 +107,7 @@ async def _serve(args: argparse.Namespace) -> int:
         ):
             print(line, file=sys.stderr, flush=True)
         await server.start()
+        mark_ready()
         # Everything loaded so far (modules, config, models, engines) lives as long as the
         # process: out of the collector's way, a full collection no longer walks it while
         # calls wait (a full collection paused the loop for ~55 ms at 100 calls before).
