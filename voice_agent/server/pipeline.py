@@ -442,19 +442,23 @@ class CallPipeline:
                 keep = self.core.stream_wanted(synthesis.reply_id)
             else:
                 keep = wanted(synthesis.reply_id)
+            if not keep and not synthesis.dropped:
+                self._drop(synthesis)
             if keep or streaming:
-                kept.append(synthesis)  # one that streams is let go by the synth task
-            if keep or synthesis.dropped:
-                continue
-            synthesis.dropped = True
-            if synthesis.task is not None:
-                synthesis.task.cancel()
-            pieces = synthesis.pieces
-            while not pieces.empty():
-                pieces.get_nowait()
-            pieces.put_nowait(None)
+                kept.append(synthesis)  # a dropped one that streams is let go by the synth task
         self._synth_in_flight = kept
         self._start_synthesis()
+
+    @staticmethod
+    def _drop(synthesis: _Synthesis) -> None:
+        """Cancel its engine request; the synth task skips it, or ends it if it streams."""
+        synthesis.dropped = True
+        if synthesis.task is not None:
+            synthesis.task.cancel()
+        pieces = synthesis.pieces
+        while not pieces.empty():
+            pieces.get_nowait()
+        pieces.put_nowait(None)
 
     def _start_synthesis(self) -> None:
         while self._synth_waiting and len(self._synth_in_flight) < SYNTH_IN_FLIGHT:
