@@ -318,6 +318,40 @@ def test_twilio_protocol_errors(
     assert len(caught.value.close_reason.encode()) <= 123
 
 
+def test_twilio_media_payload_takes_in_order_media_and_declines_the_rest() -> None:
+    # The server's fast path for media: whatever it declines, `receive` must still see as if
+    # the fast path had never looked at it.
+    stream = started()
+    assert stream.media_payload(media(2)) == ULAW
+    assert stream.media_payload(media(3, track="outbound")) == ULAW
+    for declined in (media(5), media(3), mark(4, "a"), dtmf(4, "1"), "[1]", "{", " " * 16_385):
+        assert stream.media_payload(declined) is None
+    assert stream.receive(media(5)) == [
+        ProtocolWarning("sequence_gap", "sequenceNumber 5 after 3: 1 missing"),
+        Media(5, 4, 100, "inbound", ULAW),
+    ]
+    stream.receive(STOP)
+    assert stream.media_payload(media(6)) is None
+    assert TwilioStream().media_payload(media(2)) is None  # before start
+
+
+@pytest.mark.parametrize(
+    ("before", "text", "code", "kind", "reason"),
+    [case[1:] for case in TWILIO_ERRORS],
+    ids=[case[0] for case in TWILIO_ERRORS],
+)
+def test_twilio_media_payload_leaves_every_protocol_error_to_receive(
+    before: list[str], text: str, code: int, kind: str, reason: str
+) -> None:
+    stream = TwilioStream()
+    for message in before:
+        stream.receive(message)
+    assert stream.media_payload(text) is None
+    with pytest.raises(ProtocolError) as caught:
+        stream.receive(text)
+    assert (caught.value.code, caught.value.kind, caught.value.reason) == (code, kind, reason)
+
+
 def test_twilio_binary_frames_are_unsupported_data() -> None:
     with pytest.raises(ProtocolError) as caught:
         started().receive_bytes(ULAW)

@@ -44,6 +44,11 @@ class CarrierFormat:
         """Carrier bytes -> PCM16 at the carrier's rate."""
         return _DECODERS[self.encoding](data)
 
+    @property
+    def decoder(self) -> Callable[[bytes], bytes]:
+        """`decode` as a plain function, for a caller that decodes every frame of a call."""
+        return _DECODERS[self.encoding]
+
     def encode(self, pcm: bytes) -> bytes:
         """PCM16 at the carrier's rate -> carrier bytes."""
         return _ENCODERS[self.encoding](pcm)

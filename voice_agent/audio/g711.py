@@ -90,9 +90,8 @@ for _table in (_ULAW_TO_PCM, _PCM_TO_ULAW, _ALAW_TO_PCM, _PCM_TO_ALAW):
     _table.flags.writeable = False
 
 
-def _to_little_endian(pcm: bytes) -> bytes:
-    # audioop writes native-endian samples.
-    return pcm if sys.byteorder == "little" else audioop.byteswap(pcm, 2)
+# audioop writes native-endian samples.
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _pcm_indices(pcm: bytes) -> npt.NDArray[np.uint16]:
@@ -103,7 +102,8 @@ def _pcm_indices(pcm: bytes) -> npt.NDArray[np.uint16]:
 
 def ulaw_decode(data: bytes) -> bytes:
     """Expand G.711 mu-law codes to PCM16 little-endian (two bytes out per byte in)."""
-    return _to_little_endian(audioop.ulaw2lin(data, 2))
+    pcm = audioop.ulaw2lin(data, 2)
+    return pcm if _LITTLE_ENDIAN else audioop.byteswap(pcm, 2)
 
 
 def ulaw_encode(pcm: bytes) -> bytes:
@@ -113,7 +113,8 @@ def ulaw_encode(pcm: bytes) -> bytes:
 
 def alaw_decode(data: bytes) -> bytes:
     """Expand G.711 A-law codes to PCM16 little-endian (two bytes out per byte in)."""
-    return _to_little_endian(audioop.alaw2lin(data, 2))
+    pcm = audioop.alaw2lin(data, 2)
+    return pcm if _LITTLE_ENDIAN else audioop.byteswap(pcm, 2)
 
 
 def alaw_encode(pcm: bytes) -> bytes:

@@ -204,6 +204,22 @@ class _TwilioCall(_SocketCall):
         super().__init__(ws, start_call)
         self.stream = twilio.TwilioStream()
 
+    def on_message(self, message: Message) -> None:
+        # A call's media, 50 messages a second, goes straight from the codec to the pipeline;
+        # everything else, and media the fast path declines, takes the general path.
+        pipeline = self.pipeline
+        if (
+            pipeline is not None
+            and self._backlog is None
+            and message.__class__ is str
+            and not self._ended.done()
+        ):
+            audio = self.stream.media_payload(cast(str, message))
+            if audio is not None:
+                pipeline.audio(audio)
+                return
+        super().on_message(message)
+
     def receive(self, message: Message) -> list[Any]:
         if isinstance(message, bytes):
             self.stream.receive_bytes(message)

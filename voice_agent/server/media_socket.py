@@ -204,25 +204,32 @@ class MediaConnection(ServerConnection):
                 return
         else:
             message = bytes(data)
-        if self._sink is None:
+        sink = self._sink
+        if sink is None:
             assert self._held is not None
             if len(self._held) >= MAX_HELD_MESSAGES:
                 self.fail(CloseCode.POLICY_VIOLATION, "too many messages before the call started")
                 return
             self._held.append(message)
             return
-        self._deliver(message)
+        try:  # what _deliver does, without its call: this runs for every message
+            sink(message)
+        except Exception:
+            self._sink_failed()
 
     def _deliver(self, message: Message) -> None:
         assert self._sink is not None
         try:
             self._sink(message)
         except Exception:
-            # A bug in one call's handling ends that call only, as an unhandled exception in a
-            # handler task would.
-            log.exception("error handling a message from %s", self.remote_address)
-            self._sink = _drop
-            self.fail(CloseCode.INTERNAL_ERROR, "internal error")
+            self._sink_failed()
+
+    def _sink_failed(self) -> None:
+        # A bug in one call's handling ends that call only, as an unhandled exception in a
+        # handler task would.
+        log.exception("error handling a message from %s", self.remote_address)
+        self._sink = _drop
+        self.fail(CloseCode.INTERNAL_ERROR, "internal error")
 
 
 def _drop(message: Message) -> None:

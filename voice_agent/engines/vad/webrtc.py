@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import webrtcvad
+# webrtcvad's C module itself: its Python `Vad` class only forwards to these functions, and
+# this runs for every frame of every call.
+import _webrtcvad
 
 __all__ = ["WebRtcVad"]
 
@@ -29,7 +31,7 @@ class WebRtcVad:
         self.release_ms = _RELEASE_MS[aggressiveness]
         self._samples = sample_rate * self.frame_ms // 1000
         self._bytes = 2 * self._samples
-        self._vad = webrtcvad.Vad(aggressiveness)
+        self._vad = _new_detector(aggressiveness)
 
     def is_speech(self, frame: bytes) -> bool:
         if len(frame) != self._bytes:
@@ -37,8 +39,15 @@ class WebRtcVad:
                 f"webrtcvad at {self.sample_rate} Hz needs {self.frame_ms} ms frames of "
                 f"{self._bytes} bytes, got {len(frame)} bytes"
             )
-        return bool(self._vad.is_speech(frame, self.sample_rate, self._samples))
+        return bool(_webrtcvad.process(self._vad, self.sample_rate, frame, self._samples))
 
     def reset(self) -> None:
         # The detector adapts its noise model as it goes; a new call must start from scratch.
-        self._vad = webrtcvad.Vad(self.aggressiveness)
+        self._vad = _new_detector(self.aggressiveness)
+
+
+def _new_detector(aggressiveness: int) -> object:
+    detector = _webrtcvad.create()
+    _webrtcvad.init(detector)
+    _webrtcvad.set_mode(detector, aggressiveness)
+    return detector
