@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.frames import Frame, Opcode
+from websockets.streams import StreamReader
 
-from voice_agent.callers import ManualClock, NativeClient, TwilioClient
+from voice_agent.callers import ManualClock, NativeClient, TwilioClient, _client_frame
 from voice_agent.transports import native, twilio
 from voice_agent.transports.errors import ProtocolError, ProtocolWarning, close_reason
 from voice_agent.transports.native import AudioFormat, NativeStream
@@ -622,6 +624,27 @@ async def next_twilio_event(ws: ServerConnection, stream: TwilioStream) -> twili
         events = stream.receive(message)
         if events:
             return events[0]
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 65_535, 65_536])
+def test_callers_write_frames_websockets_reads_back(size: int) -> None:
+    # The test callers frame their messages themselves (a load generator's hot path); every
+    # length encoding must come out as `websockets` reads a client's frame.
+    payload = (bytes(range(256)) * (size // 256 + 1))[:size]
+    reader = StreamReader()
+    reader.feed_data(_client_frame(0x82, payload) + _client_frame(0x81, b"{}"))
+    reader.feed_eof()
+    frames = []
+    for _ in range(2):
+        parser = Frame.parse(reader.read_exact, mask=True)
+        with pytest.raises(StopIteration) as parsed:
+            next(parser)
+        frames.append(parsed.value.value)
+    assert [(f.opcode, f.fin, f.data) for f in frames] == [
+        (Opcode.BINARY, True, payload),
+        (Opcode.TEXT, True, b"{}"),
+    ]
+    assert not reader.buffer  # nothing left over: each frame was exactly as long as it said
 
 
 async def test_twilio_client_plays_audio_echoes_marks_and_obeys_clear() -> None:
