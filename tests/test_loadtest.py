@@ -96,6 +96,9 @@ def test_small_runs_in_both_modes(tmp_path: Path) -> None:
         for turn in call["server_turns"]
     )
     assert level["resources"]["standin_cpu_pct"]["n"] > 0
+    # The machine's speed, to compare runs of other days by.
+    machine = hosted_result["machine"]
+    assert machine["python_speed_us_at_start"] > 0 and machine["python_speed_us_at_end"] > 0
 
     assert embedded_result["mode"] == "embedded" and embedded_result["transport"] == "ws"
     check_level(embedded_result["levels"][0], 1)

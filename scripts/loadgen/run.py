@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -474,6 +475,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "cpus": os.cpu_count(),
             "loadavg_at_start": [round(v, 2) for v in os.getloadavg()],
             "python": sys.version.split()[0],
+            "python_speed_us_at_start": python_speed_us(),
         },
         "settings": {
             key: getattr(args, key)
@@ -494,6 +496,11 @@ async def main_async(args: argparse.Namespace) -> int:
         },
         "levels": [],
     }
+    print(
+        "loadtest: this machine's Python takes "
+        f"{result['machine']['python_speed_us_at_start']} us for sum(range(1000))",
+        flush=True,
+    )
     try:
         await run.start()
         result["end_of_turn_silence_ms"] = run.eot_ms
@@ -518,6 +525,7 @@ async def main_async(args: argparse.Namespace) -> int:
         result["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         result["machine"]["loadavg_at_end"] = [round(v, 2) for v in os.getloadavg()]
         await run.stop()
+        result["machine"]["python_speed_us_at_end"] = python_speed_us()
         if result["levels"]:
             out.write_text(json.dumps(result, indent=1))
             png = out.with_suffix(".png")
@@ -526,6 +534,14 @@ async def main_async(args: argparse.Namespace) -> int:
                 print(f"loadtest: plot in {png}", flush=True)
     failed = sum(level["failed_calls"] + level["dropped_calls"] for level in result["levels"])
     return 1 if failed and args.strict else 0
+
+
+def python_speed_us() -> float:
+    """How long this machine's Python takes for `sum(range(1000))`, in microseconds (best of 5
+    runs of 2,000; ~0.3 s): a yardstick for comparing runs, since a VM's speed follows its
+    host's load (28.7 us one afternoon, 34 an hour later on the same code)."""
+    runs = timeit.Timer("sum(range(1000))").repeat(repeat=5, number=2000)
+    return round(min(runs) / 2000 * 1e6, 1)
 
 
 async def measured(level: Awaitable[dict[str, Any]]) -> dict[str, Any]:
