@@ -144,6 +144,9 @@ class NullSttStream:
     def partial(self) -> str:
         return ""
 
+    def pause(self) -> None:
+        pass
+
     async def finish(self) -> Transcript:
         return Transcript("")
 

@@ -35,6 +35,24 @@ PAUSE_VOICES = ("joe", "espeakf")
 BACKCHANNELS = ("uh-huh", "yeah", "okay", "mm-hmm")
 PAUSE_HALVES = ("i would like to book a table", "for two tomorrow at seven pm")
 PAUSE_MS = 1200
+# Booking lines phrased unlike any training phrase in config/booking_intents.yaml, for measuring
+# recognition on what callers really say (tests/support/speech_eval.py). The first five make a
+# whole booking, said in order.
+OFFSCRIPT_VOICES = ("joe", "espeak", "espeakf")
+OFFSCRIPT = (
+    "hey there could i get a spot for three people this friday around eight",
+    "put it under maria garcia",
+    "sure it's four one five five five five zero one nine two",
+    "yep that all sounds great",
+    "nope that's all for today",
+    "i'm hoping to move my dinner booking from seven to nine",
+    "actually we'll be six people now not four",
+    "we have to call the whole thing off i'm afraid",
+    "is the patio open tonight for two",
+    "what time do you close on sundays",
+    "sorry could you say that again",
+    "my husband and i would love somewhere quiet by the window",
+)
 SILENCE_MS = 1000
 
 # Speech is peak-normalized so every voice arrives at one level, like a telephone line's AGC.
@@ -47,7 +65,7 @@ TAIL_MS = 200
 @dataclass
 class Fixture:
     name: str
-    kind: str  # caller | backchannel | pause | noise | silence
+    kind: str  # caller | backchannel | pause | offscript | noise | silence
     voice: str
     transcript: str  # the exact words said; empty for noise and silence
     note: str = ""
@@ -120,6 +138,17 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+async def build_offscript(engines: dict[str, Tts]) -> list[Fixture]:
+    fixtures = []
+    for voice in OFFSCRIPT_VOICES:
+        tts = engines[voice]
+        for number, line in enumerate(OFFSCRIPT, 1):
+            fixture = Fixture(f"{voice}_offscript{number}", "offscript", voice, line)
+            fixture.seconds = save(fixture.name, await speak(tts, line), tts.sample_rate)
+            fixtures.append(fixture)
+    return fixtures
+
+
 async def build() -> tuple[list[Fixture], dict[str, dict[str, list[str]]]]:
     engines = {name: make_tts(config) for name, (config, _) in VOICES.items()}
     fixtures: list[Fixture] = []
@@ -167,6 +196,7 @@ async def build() -> tuple[list[Fixture], dict[str, dict[str, list[str]]]]:
         fixture = Fixture(f"{voice}_long-pause", "pause", voice, transcript, note)
         fixture.seconds = save(fixture.name, np.concatenate([first, gap, second]), tts.sample_rate)
         fixtures.append(fixture)
+    fixtures.extend(await build_offscript(engines))
     fixture = Fixture("cough", "noise", "-", "", "a cough: two bursts of shaped noise")
     fixture.seconds = save(fixture.name, cough(WAV_RATE), WAV_RATE)
     fixtures.append(fixture)
@@ -258,10 +288,41 @@ def write_index(fixtures: list[Fixture], conversations: dict[str, dict[str, list
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
+def add_offscript() -> None:
+    """Make (again) only the off-script lines; every other fixture stays as committed."""
+    manifest = json.loads((OUT / "manifest.json").read_text(encoding="utf-8"))
+
+    async def make() -> list[Fixture]:
+        engines = {name: make_tts(config) for name, (config, _) in VOICES.items()}
+        try:
+            return await build_offscript(engines)
+        finally:
+            for tts in engines.values():
+                await tts.aclose()
+
+    kept = [
+        Fixture(**{k: e[k] for k in ("name", "kind", "voice", "transcript", "note", "seconds")})
+        for e in manifest["files"]
+        if e["kind"] != "offscript"
+    ]
+    made = asyncio.run(make())
+    at = next((i for i, f in enumerate(kept) if f.kind in ("noise", "silence")), len(kept))
+    write_index([*kept[:at], *made, *kept[at:]], manifest["conversations"])
+    print(f"{len(made)} off-script fixtures in {OUT.relative_to(ROOT)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.parse_args()
+    parser.add_argument(
+        "--offscript-only",
+        action="store_true",
+        help="make only the off-script lines, keeping every other fixture as it is",
+    )
+    args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.offscript_only:
+        add_offscript()
+        return
     for old in [*OUT.glob("*.wav"), *OUT.glob("*.ulaw")]:
         old.unlink()
     fixtures, conversations = asyncio.run(build())

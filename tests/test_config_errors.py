@@ -406,6 +406,37 @@ CASES = [
             "list",
         ),
     ),
+    # ---- speech recognition ------------------------------------------------------------------
+    case(
+        "whisper-model-missing",
+        Case(
+            {
+                CONFIG: PLAYBOOK
+                + "voice:\n  stt:\n    provider: whisper\n    model: /no/such/model\n"
+            },
+            CONFIG,
+            "voice.stt.model",
+            "/no/such/model' does not exist",
+        ),
+    ),
+    case(
+        "whisper-model-not-a-model",
+        Case(
+            {CONFIG: PLAYBOOK + "voice:\n  stt:\n    provider: whisper\n    model: .\n"},
+            CONFIG,
+            "voice.stt.model",
+            "is not a CTranslate2 Whisper model: no model.bin, config.json",
+        ),
+    ),
+    case(
+        "whisper-in-process",
+        Case(
+            {CONFIG: PLAYBOOK + "    stt:\n      provider: whisper\n      processes: 0\n"},
+            CONFIG,
+            "agents.a.stt",
+            "whisper decodes in worker processes",
+        ),
+    ),
     # ---- remote tools ------------------------------------------------------------------------
     case(
         "openapi-file-missing",

@@ -566,7 +566,7 @@ def test_audio_fixtures_are_listed_and_readable() -> None:
     for voice in manifest["conversations"].values():
         for steps in voice.values():
             assert all(step.startswith("/") or step in entries for step in steps)
-    assert sum(p.stat().st_size for p in FIXTURES.iterdir()) < 5 * 1024 * 1024
+    assert sum(p.stat().st_size for p in FIXTURES.iterdir()) < 7 * 1024 * 1024
 
 
 async def test_hosted_engines_say_when_their_server_cannot_be_reached() -> None:

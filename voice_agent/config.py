@@ -7,9 +7,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from voice_agent.errors import ConfigError
+from voice_agent.errors import ConfigError, VoiceAgentError
 
 MAX_UPDATES_PER_TOOL = 50
 
@@ -130,15 +138,45 @@ class VadSettings(_Strict):
 
 
 class SttSettings(_Strict):
-    provider: Literal["pocketsphinx", "openai"] = "pocketsphinx"
+    provider: Literal["whisper", "pocketsphinx", "openai"] = "pocketsphinx"
     language_model: Literal["domain", "full"] = "domain"
     phrases: list[str] = Field(default_factory=list)
-    model: str | None = None
+    # whisper: "tiny.en" (bundled) or the folder of a CTranslate2 conversion; openai: its name.
+    model: str | None = Field(default=None, validate_default=True)
     base_url: str | None = None
     api_key: str | None = None
-    # pocketsphinx decodes in this many worker processes (its decoder holds the GIL, so in
-    # threads it would stall every call's audio); None: one per CPU core; 0: in-process threads.
+    # Recognition runs in this many worker processes (pocketsphinx's decoder holds the GIL, and
+    # Whisper's fills a core, so in threads they would stall every call's audio); None: one per
+    # CPU core; 0 (pocketsphinx only): in-process threads.
     processes: int | None = Field(default=None, ge=0)
+    # whisper: CTranslate2's weights type, beam width, threads per process, initial prompt.
+    compute_type: Literal["int8", "int8_float32", "float32", "default"] = "int8"
+    beam_size: int = Field(default=1, ge=1, le=10)
+    threads: int = Field(default=1, ge=1, le=64)
+    prompt: str | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _whisper_model_exists(cls, model: str | None, info: ValidationInfo) -> str | None:
+        # At load, so a wrong path shows before a call starts, naming this key.
+        if info.data.get("provider") != "whisper":
+            return model
+        from voice_agent.engines.stt.whisper import BUNDLED_MODEL, resolve_model
+
+        base_dir = (info.context or {}).get("base_dir")
+        if model and model != BUNDLED_MODEL and base_dir is not None:
+            model = str(Path(base_dir) / Path(model).expanduser())
+        try:
+            resolve_model(model)
+        except VoiceAgentError as e:
+            raise ValueError(str(e)) from None
+        return model
+
+    @model_validator(mode="after")
+    def _whisper_needs_processes(self) -> SttSettings:
+        if self.provider == "whisper" and self.processes == 0:
+            raise ValueError("whisper decodes in worker processes: processes must be 1 or more")
+        return self
 
 
 class TtsSettings(_Strict):
@@ -386,7 +424,8 @@ def parse_config(data: Any, file: str) -> Config:
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping with 'agents'", file=file)
     try:
-        config = Config.model_validate(data)
+        # Relative paths inside the config (a Whisper model folder) are the config file's.
+        config = Config.model_validate(data, context={"base_dir": Path(file).parent})
     except ValidationError as exc:
         raise _first_error(exc, file, data) from None
     _check_references(config, file)

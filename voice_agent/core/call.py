@@ -65,6 +65,11 @@ class FeedStt:
 
 
 @dataclass(frozen=True)
+class PauseStt:
+    """The caller paused: STT gets no more audio unless they speak again (see TurnStep)."""
+
+
+@dataclass(frozen=True)
 class FinishStt:
     pass
 
@@ -125,6 +130,7 @@ class TurnMetrics:
 Action = (
     StartStt
     | FeedStt
+    | PauseStt
     | FinishStt
     | StartUserTurn
     | CancelAgentTurn
@@ -139,6 +145,7 @@ Action = (
 )
 
 _START_STT = StartStt()
+_PAUSE_STT = PauseStt()
 _FINISH_STT = FinishStt()
 _CLEAR = SendClear()
 _CANCEL = CancelAgentTurn()
@@ -232,6 +239,8 @@ class CallCore:
             actions.append(_START_STT)
             actions.append(Audit("caller_speech_started", {"at_ms": self.turns.speech_start_ms}))
         actions.extend(FeedStt(f) for f in step.stt_frames)
+        if step.paused:
+            actions.append(_PAUSE_STT)
         # Only a frame of speech can complete a barge-in: a pause inside the utterance cannot.
         if is_speech and not self._segment_spent and self._interruption is None:
             if self._agent_audible() and self._is_barge_in(now_ms):

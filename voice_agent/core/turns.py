@@ -43,10 +43,14 @@ class TurnStep:
 
     started: bool = False
     ended: bool = False
+    # STT has all the audio it gets unless the caller speaks again (stt_tail_ms of silence):
+    # an engine that decodes whole utterances can start, inside the end-of-turn wait.
+    paused: bool = False
     stt_frames: list[bytes] = field(default_factory=list)
 
 
 _NOTHING = TurnStep()
+_PAUSED = TurnStep(paused=True)
 
 
 class TurnDetector:
@@ -110,7 +114,7 @@ class TurnDetector:
         if self._silence_run_ms <= self.config.stt_tail_ms:
             return TurnStep(stt_frames=[frame])
         self._held.append(frame)
-        return step
+        return _PAUSED if len(self._held) == 1 else step
 
     def _loud(self, frame: bytes) -> bool:
         """Whether a speech frame is within quiet_db of the utterance's loudest (and note it)."""

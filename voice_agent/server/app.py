@@ -226,7 +226,10 @@ class VoiceServer:
             return self._engines[agent.name]
         voice = agent.config.voice(self.registry.loaded.config.voice)
         stt_settings: SttSettings = voice.stt
-        phrases = self._phrases(agent) if stt_settings.language_model == "domain" else ()
+        # Only pocketsphinx's domain model is built from the intents' phrases: other engines
+        # with the same settings are one pool (Whisper: a model per worker process) for all.
+        domain = stt_settings.provider == "pocketsphinx" and stt_settings.language_model == "domain"
+        phrases = self._phrases(agent) if domain else ()
         stt_key = (stt_settings.model_dump_json(), phrases)
         if stt_key not in self._shared_stt:
             self._shared_stt[stt_key] = make_stt(
@@ -238,6 +241,10 @@ class VoiceServer:
                     base_url=stt_settings.base_url,
                     api_key=stt_settings.api_key,
                     processes=stt_settings.processes,
+                    compute_type=stt_settings.compute_type,
+                    beam_size=stt_settings.beam_size,
+                    threads=stt_settings.threads,
+                    prompt=stt_settings.prompt,
                 ),
                 phrases=phrases,
             )

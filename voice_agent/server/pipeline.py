@@ -46,6 +46,8 @@ FRAME_MS = 20
 # the next one's first audio is there when the current one ends (an engine's first-byte
 # delay would otherwise fall between the two, in the caller's ears).
 SYNTH_IN_FLIGHT = 2
+# A transcript later than this is given up: the turn gets the agent's fallback line.
+STT_TIMEOUT_S = 10.0
 
 
 class Outbound(Protocol):
@@ -286,6 +288,14 @@ class CallPipeline:
                     self._stt.cancel()
                 self._stt = self.engines.stt.start(self._stt_rate)
                 self._to_stt = self._stt_resampler()
+            elif isinstance(action, core.PauseStt):
+                if self._stt is not None:
+                    # All it has: the resampler's tail too, so that finish() adds nothing
+                    # and a decoding started now is the final one.
+                    tail = self._to_stt.flush() if self._to_stt else b""
+                    if tail:
+                        self._stt.push(tail)
+                    self._stt.pause()
             elif isinstance(action, core.FinishStt):
                 stream, self._stt = self._stt, None
                 if stream is not None:
@@ -369,14 +379,22 @@ class CallPipeline:
     # ---- STT ---------------------------------------------------------------------------
 
     async def _finish_stt(self, stream: SttStream) -> None:
+        failed = False
         try:
-            transcript = await stream.finish()
+            transcript = await asyncio.wait_for(stream.finish(), STT_TIMEOUT_S)
             text = transcript.text
         except Exception as exc:
+            if isinstance(exc, TimeoutError):
+                stream.cancel()
+                exc = TimeoutError(f"no transcript within {STT_TIMEOUT_S:g} s")
             self.session.audit.add("error", where="stt", message=f"{type(exc).__name__}: {exc}")
-            text = ""
+            text, failed = "", True
         if not self.ended:
             self._apply(self.core.stt_final(text, self.now_ms()))
+            if failed:
+                # The caller said something nobody understood: the agent's fallback line
+                # (a flow's no_match; a playbook's @EventTrigger("no-match")), not silence.
+                self._queue_event("no-match", {"reason": "speech recognition failed"})
 
     # ---- agent turns -------------------------------------------------------------------
 

@@ -29,6 +29,12 @@ class SttStream(Protocol):
         """The best hypothesis so far, "" if none (or if the engine has no partials)."""
         ...
 
+    def pause(self) -> None:
+        """The caller has paused: no audio follows unless they speak again. An engine that
+        decodes whole utterances starts now, so that finish() finds the text ready if the
+        pause turns out to be the end of the turn (and decodes again if more audio came)."""
+        ...
+
     async def finish(self) -> Transcript:
         """End of utterance: the final text. Pushes after this are ignored."""
         ...
@@ -54,16 +60,22 @@ class Stt(Protocol):
 
 @dataclass(frozen=True)
 class SttConfig:
-    provider: Literal["pocketsphinx", "openai"] = "pocketsphinx"
+    provider: Literal["pocketsphinx", "whisper", "openai"] = "pocketsphinx"
     language_model: Literal["domain", "full"] = "domain"
     # Extra expected phrases; the caller adds its intents' training phrases to make_stt.
     phrases: tuple[str, ...] = ()
-    model: str | None = None  # openai: "gpt-4o-mini-transcribe" / "whisper-1"
+    # openai: "gpt-4o-mini-transcribe" / "whisper-1"; whisper: "tiny.en" (bundled) or a folder
+    model: str | None = None
     base_url: str | None = None
     api_key: str | None = None
     # pocketsphinx: decoding in this many worker processes, None: one per CPU core (see
     # pool.default_processes); 0: in-process threads, which stall the event loop while decoding.
     processes: int | None = None
+    # whisper: see whisper.WhisperOptions.
+    compute_type: str = "int8"
+    beam_size: int = 1
+    threads: int = 1
+    prompt: str | None = None
 
 
 class SttError(VoiceAgentError):

@@ -1,11 +1,14 @@
 """OpenAI-compatible STT: the utterance is buffered while the caller speaks and sent as one WAV to
-the transcription endpoint (POST /v1/audio/transcriptions) at end of turn. No partials."""
+the transcription endpoint (POST /v1/audio/transcriptions) when the caller pauses, and again at
+the end of the turn only if they spoke on meanwhile. No partials."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import wave
+from typing import Any
 
 import openai
 from openai import AsyncOpenAI
@@ -38,6 +41,8 @@ class OpenAiStream:
         self._audio = bytearray()
         self._open = True
         self._cancelled = False
+        # The request sent when the caller paused, and how much audio it holds.
+        self._guess: tuple[int, asyncio.Task[Transcript]] | None = None
 
     def push(self, pcm: bytes) -> None:
         if self._open:
@@ -46,17 +51,44 @@ class OpenAiStream:
     def partial(self) -> str:
         return ""
 
+    def pause(self) -> None:
+        if not self._open or self._too_short():
+            return
+        if self._guess is not None and self._guess[0] == len(self._audio):
+            return
+        self._drop_guess()
+        task = asyncio.get_running_loop().create_task(self._transcribe())
+        # A guess nobody awaits (the caller spoke on) must not log "exception never retrieved".
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._guess = (len(self._audio), task)
+
     async def finish(self) -> Transcript:
         self._open = False
-        if self._cancelled or len(self._audio) < _MIN_AUDIO_S * SAMPLE_WIDTH * self.sample_rate:
+        if self._cancelled or self._too_short():
             return Transcript("")
-        audio = bytes(self._audio[: len(self._audio) - len(self._audio) % SAMPLE_WIDTH])
-        return await self._engine.transcribe(audio, self.sample_rate)
+        guess = self._guess
+        if guess is not None and guess[0] == len(self._audio):
+            return await guess[1]
+        self._drop_guess()
+        return await self._transcribe()
 
     def cancel(self) -> None:
         self._open = False
         self._cancelled = True
+        self._drop_guess()
         self._audio.clear()
+
+    def _too_short(self) -> bool:
+        return len(self._audio) < _MIN_AUDIO_S * SAMPLE_WIDTH * self.sample_rate
+
+    def _transcribe(self) -> Any:
+        audio = bytes(self._audio[: len(self._audio) - len(self._audio) % SAMPLE_WIDTH])
+        return self._engine.transcribe(audio, self.sample_rate)
+
+    def _drop_guess(self) -> None:
+        if self._guess is not None:
+            self._guess[1].cancel()
+            self._guess = None
 
 
 class OpenAiStt:

@@ -184,6 +184,10 @@ class UtteranceDecoder:
         self.partial = text
         return Transcript(text, confidence, tuple(text.split()))
 
+    def pause(self) -> str:
+        """The caller paused: nothing to do, pocketsphinx decodes as the audio comes."""
+        return self.partial
+
     def drop(self) -> None:
         """Cancelled: the decoder goes back to the pool, its utterance ended unread."""
         self._release(end=True)
@@ -239,6 +243,9 @@ class PocketsphinxStream:
 
     def partial(self) -> str:
         return self._partial
+
+    def pause(self) -> None:
+        pass  # decoding keeps up with the audio: nothing to start early
 
     async def finish(self) -> Transcript:
         with self._lock:

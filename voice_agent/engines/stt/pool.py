@@ -1,5 +1,6 @@
-"""pocketsphinx in worker processes: decoding holds the GIL for as long as it runs, so in threads it
-stalls the event loop that carries every call's 20 ms audio frames. Here the loop only queues
+"""Speech recognition in worker processes: pocketsphinx's decoding holds the GIL for as long as it
+runs, and a Whisper decoding keeps a core busy for a third of a second, so in threads either would
+stall the event loop that carries every call's 20 ms audio frames. Here the loop only queues
 audio; worker processes, one per core, decode it on their own GILs.
 
 Per worker, the server process runs two threads: a sender that ships each stream's queued audio
@@ -38,14 +39,15 @@ from voice_agent.engines.stt.pocketsphinx import (
     default_max_idle,
     pocketsphinx_options,
 )
+from voice_agent.engines.stt.whisper import WhisperOptions
 
 log = logging.getLogger(__name__)
 
 # Set by `voice-agent serve --workers N` in each server process (voice_agent/cli.py).
 SERVER_WORKERS_ENV = "VOICE_AGENT_WORKERS"
 
-# What follows a stream's audio in a batch.
-_MORE, _END, _CANCEL = 0, 1, 2
+# What follows a stream's audio in a batch; of two in one batch, the larger wins.
+_MORE, _PAUSE, _END, _CANCEL = 0, 1, 2, 3
 # Events from a worker, per stream.
 _PARTIAL, _FINAL, _ERROR = 0, 1, 2
 
@@ -85,6 +87,7 @@ class _WorkerSettings:
     noise_floor_db: float | None
     warm: int  # decoders made as the worker starts
     nice: int
+    whisper: WhisperOptions | None = None  # set: the worker runs Whisper, not pocketsphinx
 
 
 # -- the worker process ---------------------------------------------------------------------------
@@ -111,23 +114,31 @@ def _serve(requests: Connection, results: Connection) -> None:
         os.nice(settings.nice)
     except OSError:  # a negative value needs privileges: run at the server's priority
         pass
+    pool: DecoderPool | None = None
     try:
-        pool = DecoderPool(partial(create_decoder, settings.options), max_idle=settings.max_idle)
-        pool.fill(settings.warm)
+        if settings.whisper is not None:
+            from voice_agent.engines.stt.whisper import WhisperDecoder, WhisperUtterance
+
+            new_utterance: Any = partial(WhisperUtterance, WhisperDecoder(settings.whisper))
+        else:
+            pool = DecoderPool(
+                partial(create_decoder, settings.options), max_idle=settings.max_idle
+            )
+            pool.fill(settings.warm)
+            # Slicing bounds GIL stalls in-process; a worker has no loop to keep waiting.
+            new_utterance = partial(
+                UtteranceDecoder,
+                pool,
+                slice_bytes=1 << 30,
+                noise_floor_db=settings.noise_floor_db,
+                # The in-process engine's seed: the same audio gives the same text either way.
+                seed=NOISE_SEED,
+            )
     except Exception as e:
         results.send(("failed", str(e)))
         return
     results.send(("ready", os.getpid()))
-    # Slicing bounds GIL stalls in-process; a worker has no loop to keep waiting, so none.
-    new_utterance = partial(
-        UtteranceDecoder,
-        pool,
-        slice_bytes=1 << 30,
-        noise_floor_db=settings.noise_floor_db,
-        # The in-process engine's seed: the same audio gives the same text either way.
-        seed=NOISE_SEED,
-    )
-    utterances: dict[int, UtteranceDecoder | None] = {}  # None: failed, error reported
+    utterances: dict[int, Any] = {}  # None: failed, error reported
     while True:
         message = requests.recv()
         if message[0] == "batch":
@@ -136,7 +147,8 @@ def _serve(requests: Connection, results: Connection) -> None:
                 results.send(("events", events))
         elif message[0] == "warm":
             try:
-                pool.fill(message[1])
+                if pool is not None:  # a Whisper worker's one model is loaded at start
+                    pool.fill(message[1])
                 results.send(("warmed", None))
             except Exception as e:
                 results.send(("warmed", str(e)))
@@ -146,7 +158,7 @@ def _serve(requests: Connection, results: Connection) -> None:
 
 def _decode_batch(
     batch: list[tuple[int, bytes, int]],
-    utterances: dict[int, UtteranceDecoder | None],
+    utterances: dict[int, Any],
     new_utterance: Any,
 ) -> list[tuple[int, int, Any]]:
     events: list[tuple[int, int, Any]] = []
@@ -167,10 +179,13 @@ def _decode_batch(
                 del utterances[sid]
             continue
         try:
+            before = utterance.partial
             if pcm:
-                before = utterance.partial
-                if utterance.feed(pcm) != before:
-                    events.append((sid, _PARTIAL, utterance.partial))
+                utterance.feed(pcm)
+            if op == _PAUSE:
+                utterance.pause()
+            if utterance.partial != before and op != _END:
+                events.append((sid, _PARTIAL, utterance.partial))
             if op == _END:
                 del utterances[sid]
                 events.append((sid, _FINAL, utterance.end()))
@@ -221,6 +236,10 @@ class PoolStream:
 
     def partial(self) -> str:
         return self._partial
+
+    def pause(self) -> None:
+        if self._state is _State.OPEN:
+            self._send(_PAUSE)
 
     async def finish(self) -> Transcript:
         if self._state is _State.OPEN:
@@ -524,8 +543,12 @@ def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
 
 
 class ProcessPoolStt:
-    """pocketsphinx (domain LM or full model, as PocketsphinxStt) decoding in `processes`
-    worker processes (default: one per core). Each utterance goes to the least busy worker.
+    """pocketsphinx (domain LM or full model, as PocketsphinxStt) or, given `whisper`, Whisper
+    decoding in `processes` worker processes (default: one per core). Each utterance goes to
+    the least busy worker.
+
+    A Whisper worker holds one model (tiny.en: ~75 MB on disk, ~150 MB resident) and decodes
+    one utterance at a time, when it ends or when the caller pauses (PoolStream.pause).
 
     Per worker: a Python interpreter with numpy and pocketsphinx, plus its decoders (a domain
     LM one ~7.5 MB, a full-model one ~89 MB, one per utterance it decodes at once; `max_idle`
@@ -549,8 +572,10 @@ class ProcessPoolStt:
         decoder_options: dict[str, Any] | None = None,
         nice: int = 5,
         stop_timeout_s: float = 5.0,
+        whisper: WhisperOptions | None = None,
     ) -> None:
         self.domain_lm = domain_lm
+        self.whisper = whisper
         self.language_model: Literal["domain", "full"] = (
             "domain" if domain_lm is not None else "full"
         )
@@ -560,11 +585,12 @@ class ProcessPoolStt:
         self.batch_s = max(10, batch_ms) / 1000
         self.settings = _WorkerSettings(
             # The domain LM was built (or found in the cache) here: workers load it by path.
-            options=pocketsphinx_options(domain_lm, decoder_options),
+            options={} if whisper else pocketsphinx_options(domain_lm, decoder_options),
             max_idle=default_max_idle(domain_lm) if max_idle is None else max_idle,
             noise_floor_db=noise_floor_db,
             warm=1,
             nice=nice,
+            whisper=whisper,
         )
         self.closed = False
         self._stop_timeout_s = stop_timeout_s
@@ -598,7 +624,7 @@ class ProcessPoolStt:
         return sum(worker.state is _WorkerState.READY for worker in self._workers)
 
     def start(self, sample_rate: int = SAMPLE_RATE) -> PoolStream:
-        require_rate("pocketsphinx", sample_rate)
+        require_rate("whisper" if self.whisper else "pocketsphinx", sample_rate)
         if self.closed:
             raise SttError("speech recognition is closed")
         stream = PoolStream(next(self._ids), asyncio.get_running_loop())
