@@ -43,8 +43,15 @@ def pcm16(name: str) -> bytes:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server() -> AsyncIterator[VoiceServer]:
-    async for voice_server in serving(ROOT / "config" / "agents.yaml"):
+async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
+    """The default agent hearing with pocketsphinx's domain model: these tests follow the
+    scripted conversations word for word (transcripts, the phone number's eleven digits),
+    which that model, built from the same phrases, gets exactly. Off-script callers and the
+    default engine, Whisper: tests/test_offscript_callers.py."""
+    config = default_config_with(
+        tmp_path_factory.mktemp("pocketsphinx"), voice={"stt": {"provider": "pocketsphinx"}}
+    )
+    async for voice_server in serving(config):
         yield voice_server
 
 
