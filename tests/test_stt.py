@@ -25,9 +25,11 @@ from aiohttp import web
 from rapidfuzz.distance import Levenshtein
 
 from tests.conftest import report
+from tests.support.configs import default_config_with, ended_call, serving
 from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
+from voice_agent.callers import TwilioClient
 from voice_agent.engines.stt import (
     DomainLm,
     OpenAiStt,
@@ -568,3 +570,34 @@ async def test_openai_provider_falls_back_to_sdk_environment(
     with pytest.raises(SttError, match="HTTP 400"):
         await transcribe(stt, speech["yes please"])
     await stt.aclose()
+
+
+async def test_a_failed_transcript_gets_the_fallback_line_and_the_call_goes_on(
+    transcription_server: TranscriptionServer, tmp_path: Path
+) -> None:
+    """The transcription service fails one utterance: the caller hears the flow's no_match
+    line instead of silence, and the next utterance is understood."""
+    transcription_server.status = 500
+    stt = {"provider": "openai", "base_url": transcription_server.base_url, "api_key": "k"}
+    config = default_config_with(tmp_path, voice={"stt": stt})
+    line = (FIXTURES / "joe_book1.ulaw").read_bytes()
+    async for server in serving(config):
+        async with TwilioClient(
+            f"ws://127.0.0.1:{server.port}/twilio", call_sid="CAsttfail", timeout=60
+        ) as caller:
+            await caller.wait_silence_after_audio(500)
+            for status in (500, 200):
+                transcription_server.status = status
+                transcription_server.reply = {"text": "I'd like to book a table for two."}
+                heard = caller.received_ms
+                await caller.send_audio(line)
+                await caller.wait_audio(heard + 1)
+                await caller.wait_silence_after_audio(700)
+            await caller.stop()
+        call = await ended_call(server, "CAsttfail")
+    said = [m["content"] for m in call["context"]["messages"] if m["role"] == "assistant"]
+    assert said[1] == "Sorry, I didn't catch that. I can book, change or cancel a table."
+    assert said[2] == "For what day and time?"
+    assert call["state"]["party_size"] == 2
+    errors = [e for e in call["audit"] if e["type"] == "error" and e.get("where") == "stt"]
+    assert len(errors) == 1 and "500" in errors[0]["message"]
