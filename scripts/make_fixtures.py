@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,8 @@ PAUSE_MS = 1200
 # recognition on what callers really say (tests/support/speech_eval.py). The first five make a
 # whole booking, said in order.
 OFFSCRIPT_VOICES = ("joe", "espeak", "espeakf")
+LONG_BACKCHANNELS = ("uh-huh", "mm-hmm", "yeah", "okay", "right")
+LONG_BACKCHANNEL_SPEED = {"joe": 0.35, "espeak": 0.5, "espeakf": 0.5}
 OFFSCRIPT = (
     "hey there could i get a spot for three people this friday around eight",
     "put it under maria garcia",
@@ -65,7 +67,7 @@ TAIL_MS = 200
 @dataclass
 class Fixture:
     name: str
-    kind: str  # caller | backchannel | pause | offscript | noise | silence
+    kind: str  # caller | backchannel | backchannel-long | pause | offscript | noise | silence
     voice: str
     transcript: str  # the exact words said; empty for noise and silence
     note: str = ""
@@ -138,6 +140,22 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+async def build_long_backchannels() -> list[Fixture]:
+    """Backchannels said slowly, 0.6 to 1 s of speech, as a caller drawing out "uh-huuuh"."""
+    fixtures = []
+    for voice in BACKCHANNEL_VOICES:
+        config, _ = VOICES[voice]
+        tts = make_tts(replace(config, speed=LONG_BACKCHANNEL_SPEED[voice]))
+        try:
+            for word in LONG_BACKCHANNELS:
+                fixture = Fixture(f"{voice}_bclong-{slug(word)}", "backchannel-long", voice, word)
+                fixture.seconds = save(fixture.name, await speak(tts, word), tts.sample_rate)
+                fixtures.append(fixture)
+        finally:
+            await tts.aclose()
+    return fixtures
+
+
 async def build_offscript(engines: dict[str, Tts]) -> list[Fixture]:
     fixtures = []
     for voice in OFFSCRIPT_VOICES:
@@ -197,6 +215,7 @@ async def build() -> tuple[list[Fixture], dict[str, dict[str, list[str]]]]:
         fixture.seconds = save(fixture.name, np.concatenate([first, gap, second]), tts.sample_rate)
         fixtures.append(fixture)
     fixtures.extend(await build_offscript(engines))
+    fixtures.extend(await build_long_backchannels())
     fixture = Fixture("cough", "noise", "-", "", "a cough: two bursts of shaped noise")
     fixture.seconds = save(fixture.name, cough(WAV_RATE), WAV_RATE)
     fixtures.append(fixture)
@@ -288,40 +307,52 @@ def write_index(fixtures: list[Fixture], conversations: dict[str, dict[str, list
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
-def add_offscript() -> None:
-    """Make (again) only the off-script lines; every other fixture stays as committed."""
+ADDED_KINDS = ("offscript", "backchannel-long")
+
+
+def add_kinds(kinds: list[str]) -> None:
+    """Make (again) only the fixtures of `kinds`; every other fixture stays as committed."""
     manifest = json.loads((OUT / "manifest.json").read_text(encoding="utf-8"))
 
     async def make() -> list[Fixture]:
-        engines = {name: make_tts(config) for name, (config, _) in VOICES.items()}
-        try:
-            return await build_offscript(engines)
-        finally:
-            for tts in engines.values():
-                await tts.aclose()
+        made = []
+        if "offscript" in kinds:
+            engines = {name: make_tts(config) for name, (config, _) in VOICES.items()}
+            try:
+                made.extend(await build_offscript(engines))
+            finally:
+                for tts in engines.values():
+                    await tts.aclose()
+        if "backchannel-long" in kinds:
+            made.extend(await build_long_backchannels())
+        return made
 
+    fields = ("name", "kind", "voice", "transcript", "note", "seconds")
     kept = [
-        Fixture(**{k: e[k] for k in ("name", "kind", "voice", "transcript", "note", "seconds")})
-        for e in manifest["files"]
-        if e["kind"] != "offscript"
+        Fixture(**{k: e[k] for k in fields}) for e in manifest["files"] if e["kind"] not in kinds
     ]
+    for entry in manifest["files"]:
+        if entry["kind"] in kinds:
+            for suffix in (".wav", ".ulaw"):
+                (OUT / f"{entry['name']}{suffix}").unlink(missing_ok=True)
     made = asyncio.run(make())
     at = next((i for i, f in enumerate(kept) if f.kind in ("noise", "silence")), len(kept))
     write_index([*kept[:at], *made, *kept[at:]], manifest["conversations"])
-    print(f"{len(made)} off-script fixtures in {OUT.relative_to(ROOT)}")
+    print(f"{len(made)} fixtures ({', '.join(kinds)}) in {OUT.relative_to(ROOT)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--offscript-only",
-        action="store_true",
-        help="make only the off-script lines, keeping every other fixture as it is",
+        "--only",
+        choices=ADDED_KINDS,
+        action="append",
+        help="make only fixtures of this kind, keeping every other fixture as it is",
     )
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    if args.offscript_only:
-        add_offscript()
+    if args.only:
+        add_kinds(args.only)
         return
     for old in [*OUT.glob("*.wav"), *OUT.glob("*.ulaw")]:
         old.unlink()

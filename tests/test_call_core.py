@@ -252,6 +252,47 @@ def test_backchannel_does_not_interrupt_and_is_not_a_turn() -> None:
     assert done == [CommitReply(1, "So that is a table for two tomorrow at seven in the evening.")]
 
 
+def test_a_hum_spelt_as_letters_is_a_backchannel() -> None:
+    """Whisper writes a drawn-out "mm-hmm" as "Mm-m-m-m-m": no words, so the agent resumes."""
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "So that is a table for two tomorrow at seven in the evening.")
+    d.play(600)
+    assert of(SendClear, d.frames(400, speech=True))  # no words while it lasts: a barge-in
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("Mm-m-m-m-m-m-m-m-", d.now))
+    assert of(StartUserTurn, final) == []
+    assert [a.data["reason"] for a in of(Audit, final) if a.type == "user_utterance_dropped"] == [
+        "backchannel"
+    ]
+    assert of(SendAudio, final)  # the unheard rest plays again
+
+
+def test_an_unsure_reading_over_the_agent_is_a_noise_but_a_sure_one_takes_the_turn() -> None:
+    def over_the_agent(confidence: float) -> list[Action]:
+        d = Driver(min_interruption_ms=300, min_confidence_over_agent=0.47)
+        d.core.agent_turn_started(d.now)
+        d.say(1, "So that is a table for two tomorrow at seven in the evening.")
+        d.play(600)
+        d.frames(600, speech=True)
+        d.frames(500, speech=False)
+        return d.run(d.core.stt_final("And I'm not.", d.now, confidence))
+
+    unsure = over_the_agent(0.45)  # a hum Whisper read as words
+    assert of(StartUserTurn, unsure) == [] and of(CommitReply, unsure) == []
+    assert [a.data["reason"] for a in of(Audit, unsure) if a.type == "user_utterance_dropped"] == [
+        "noise"
+    ]
+    sure = over_the_agent(0.9)
+    assert of(StartUserTurn, sure) == [StartUserTurn("And I'm not.")]
+    # With the agent silent the same unsure words are a turn: the floor is for speech over it.
+    d = Driver(min_confidence_over_agent=0.47)
+    d.frames(600, speech=True)
+    d.frames(500, speech=False)
+    alone = d.run(d.core.stt_final("And I'm not.", d.now, 0.3))
+    assert of(StartUserTurn, alone) == [StartUserTurn("And I'm not.")]
+
+
 def test_noise_burst_stops_the_agent_then_it_resumes_from_the_cut_word() -> None:
     d = Driver(min_interruption_ms=300, false_interruption_timeout_ms=800)
     d.core.agent_turn_started(d.now)

@@ -481,6 +481,7 @@ class TranscriptionServer:
         self.reply: dict[str, Any] = {"text": "Yes please."}
         self.status = 200
         self.base_url = ""
+        self.arrived = asyncio.Event()  # set by each request
         self._runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> TranscriptionServer:
@@ -514,6 +515,7 @@ class TranscriptionServer:
                 "authorization": request.headers.get("Authorization"),
             }
         )
+        self.arrived.set()
         if self.status != 200:
             error = {"message": "bad audio", "type": "invalid_request_error"}
             return web.json_response({"error": error}, status=self.status)
@@ -551,6 +553,28 @@ async def test_openai_provider_sends_the_utterance_as_wav(
     stream.cancel()
     assert await stream.finish() == Transcript("")
     assert len(transcription_server.requests) == 1
+    await stt.aclose()
+
+
+async def test_openai_provider_sends_at_the_pause_and_again_only_if_the_caller_went_on(
+    transcription_server: TranscriptionServer, speech: dict[str, np.ndarray]
+) -> None:
+    stt = make_stt(SttConfig(provider="openai", base_url=transcription_server.base_url))
+    audio = speech["yes please"]
+    stream = stt.start()
+    push_all(stream, audio)
+    stream.pause()  # the caller paused: the request goes now
+    await asyncio.wait_for(transcription_server.arrived.wait(), 5)
+    assert (await stream.finish()).text == "Yes please."
+    assert len(transcription_server.requests) == 1  # the end of the turn took the pause's text
+
+    resumed = stt.start()
+    push_all(resumed, audio)
+    resumed.pause()
+    push_all(resumed, audio)  # ...and then went on speaking
+    transcription_server.reply = {"text": "Yes please. Yes please."}
+    assert (await resumed.finish()).text == "Yes please. Yes please."
+    assert transcription_server.requests[-1]["wav"] == (RATE, 1, 2, 2 * len(audio))
     await stt.aclose()
 
 

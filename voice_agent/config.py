@@ -202,7 +202,17 @@ class InterruptionSettings(_Strict):
     min_interruption_words: int = Field(default=0, ge=0)
     false_interruption_timeout_ms: int = Field(default=1500, ge=100)
     backchannels: list[str] = Field(
-        default_factory=lambda: ["uh-huh", "uh huh", "mm-hmm", "mhm", "yeah", "yep", "okay", "ok"]
+        default_factory=lambda: [
+            "uh-huh",
+            "uh huh",
+            "mm-hmm",
+            "mhm",
+            "yeah",
+            "yep",
+            "okay",
+            "ok",
+            "right",
+        ]
     )
     resume_after_false_interruption: bool = True
     confirm_min_words: int = Field(default=2, ge=1)

@@ -27,6 +27,9 @@ DEFAULT_BACKCHANNELS = (
     "ok",
     "right",
 )
+# Hums and fillers as a recogniser spells them ("mm", "mhm", "hmm", "mm-m-m-m", "uh", "um",
+# "ah", "erm"): never words that take a turn, whatever the backchannel list says.
+_FILLER = re.compile(r"^(?:h?m+(?:h+m+)*|h+m+|u+[hm]*|a+h+|e+r+m*)$")
 # One word alone over the agent is more often STT's reading of a noise ("the", "half") than
 # speech; these few take the turn even alone.
 DEFAULT_CONFIRM_WORDS = ("stop", "wait", "no", "yes", "hello", "hey", "sorry", "hold", "help")
@@ -42,6 +45,10 @@ class InterruptionConfig:
     # Words over the agent that make an interruption real: this many, or one of confirm_words.
     confirm_min_words: int = 2
     confirm_words: tuple[str, ...] = DEFAULT_CONFIRM_WORDS
+    # A transcript of speech over the agent this unsure (the engine's confidence, 0-1) is taken
+    # for a noise: Whisper hears a drawn-out "mm-hmm" as "And I'm not." at 0.25-0.45, and real
+    # callers' lines at 0.48 and above (docs/protocol.md). None: every transcript counts.
+    min_confidence_over_agent: float | None = None
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,12 @@ class CallCore:
 
     def _real_words(self, text: str) -> tuple[list[str], list[str]]:
         words = words_of(text)
-        return words, [w for w in words if w not in self._backchannel_words]
+        backchannel = self._backchannel_words
+        return words, [w for w in words if w not in backchannel and not _FILLER.match(w)]
+
+    def _unsure(self, confidence: float | None) -> bool:
+        floor = self.config.interruption.min_confidence_over_agent
+        return floor is not None and confidence is not None and confidence < floor
 
     def _confirms(self, real: list[str]) -> bool:
         """Whether words said over the agent are an interruption rather than a noise."""
@@ -300,14 +312,19 @@ class CallCore:
 
     # ---- STT results -------------------------------------------------------------------
 
-    def stt_final(self, text: str, now_ms: float) -> list[Action]:
+    def stt_final(self, text: str, now_ms: float, confidence: float | None = None) -> list[Action]:
+        """The utterance's transcript (and the engine's confidence in it, 0-1, if it gives one)."""
         words, real = self._real_words(text)
+        over_agent = self._interruption is not None or self._agent_audible()
+        unsure = over_agent and self._unsure(confidence)
+        if unsure:
+            real = []  # over the agent, an unsure reading is a noise, not a turn
         if self._metrics is not None:
             self._metrics["stt_final_ms"] = now_ms
         interruption, self._interruption = self._interruption, None
         if interruption is not None:
             if not self._confirms(real):
-                reason = "noise" if not words or real else "backchannel"
+                reason = "noise" if unsure or not words or real else "backchannel"
                 return [
                     Audit("user_utterance_dropped", {"text": text, "reason": reason}),
                     *self._resume(interruption, now_ms, reason),
@@ -320,7 +337,7 @@ class CallCore:
             self._arm_no_input(now_ms)
             return actions
         if self._agent_audible() and not self._confirms(real):
-            reason = "backchannel" if words and not real else "noise"
+            reason = "backchannel" if words and not real and not unsure else "noise"
             return [Audit("user_utterance_dropped", {"text": text, "reason": reason})]
         if self._agent_audible() or self.agent_busy:
             # Real words too short to count as a barge-in while the agent spoke, or said while it

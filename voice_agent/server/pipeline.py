@@ -82,7 +82,10 @@ class Engines:
 
 
 def core_config(
-    voice: VoiceSettings, no_input_timeout_s: float, vad_release_ms: int = 0
+    voice: VoiceSettings,
+    no_input_timeout_s: float,
+    vad_release_ms: int = 0,
+    min_confidence_over_agent: float | None = None,
 ) -> core.CoreConfig:
     return core.CoreConfig(
         turn=TurnConfig(
@@ -100,6 +103,7 @@ def core_config(
             resume_after_false_interruption=voice.interruption.resume_after_false_interruption,
             confirm_min_words=voice.interruption.confirm_min_words,
             confirm_words=tuple(voice.interruption.confirm_words),
+            min_confidence_over_agent=min_confidence_over_agent,
         ),
         no_input_timeout_ms=int(no_input_timeout_s * 1000),
     )
@@ -135,6 +139,8 @@ class CallPipeline:
                 voice,
                 session.agent.config.no_input_timeout_s,
                 vad_release_ms=getattr(self.vad, "release_ms", 0),
+                # The engine's own floor: confidences of different engines do not compare.
+                min_confidence_over_agent=getattr(engines.stt, "min_confidence_over_agent", None),
             ),
             bytes_per_ms=carrier.bytes_per_ms,
             sample_bytes=carrier.sample_bytes,
@@ -380,9 +386,10 @@ class CallPipeline:
 
     async def _finish_stt(self, stream: SttStream) -> None:
         failed = False
+        confidence = None
         try:
             transcript = await asyncio.wait_for(stream.finish(), STT_TIMEOUT_S)
-            text = transcript.text
+            text, confidence = transcript.text, transcript.confidence
         except Exception as exc:
             if isinstance(exc, TimeoutError):
                 stream.cancel()
@@ -390,7 +397,7 @@ class CallPipeline:
             self.session.audit.add("error", where="stt", message=f"{type(exc).__name__}: {exc}")
             text, failed = "", True
         if not self.ended:
-            self._apply(self.core.stt_final(text, self.now_ms()))
+            self._apply(self.core.stt_final(text, self.now_ms(), confidence))
             if failed:
                 # The caller said something nobody understood: the agent's fallback line
                 # (a flow's no_match; a playbook's @EventTrigger("no-match")), not silence.

@@ -576,6 +576,8 @@ class ProcessPoolStt:
     ) -> None:
         self.domain_lm = domain_lm
         self.whisper = whisper
+        # See WhisperOptions; pocketsphinx's posteriors are another scale, and not used so.
+        self.min_confidence_over_agent = whisper.min_confidence_over_agent if whisper else None
         self.language_model: Literal["domain", "full"] = (
             "domain" if domain_lm is not None else "full"
         )
