@@ -8,6 +8,7 @@ import asyncio
 import io
 import os
 import wave
+from collections.abc import Coroutine
 from typing import Any
 
 import openai
@@ -81,7 +82,7 @@ class OpenAiStream:
     def _too_short(self) -> bool:
         return len(self._audio) < _MIN_AUDIO_S * SAMPLE_WIDTH * self.sample_rate
 
-    def _transcribe(self) -> Any:
+    def _transcribe(self) -> Coroutine[Any, Any, Transcript]:
         audio = bytes(self._audio[: len(self._audio) - len(self._audio) % SAMPLE_WIDTH])
         return self._engine.transcribe(audio, self.sample_rate)
 

@@ -22,12 +22,12 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from voice_agent.engines.stt.base import SAMPLE_RATE, SttError, Transcript, require_rate
 from voice_agent.engines.stt.domain_lm import DomainLm
@@ -80,6 +80,18 @@ def default_processes() -> int:
     return max(1, cores // servers)
 
 
+class _Utterance(Protocol):
+    """One stream's decoding in a worker: pocketsphinx's UtteranceDecoder, WhisperUtterance."""
+
+    partial: str
+
+    def feed(self, chunk: bytes) -> str: ...
+    def pause(self) -> str: ...
+    def end(self) -> Transcript: ...
+    def drop(self) -> None: ...
+    def discard(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class _WorkerSettings:
     options: dict[str, Any]  # pocketsphinx Config parameters, the LM and dictionary by path
@@ -119,7 +131,9 @@ def _serve(requests: Connection, results: Connection) -> None:
         if settings.whisper is not None:
             from voice_agent.engines.stt.whisper import WhisperDecoder, WhisperUtterance
 
-            new_utterance: Any = partial(WhisperUtterance, WhisperDecoder(settings.whisper))
+            new_utterance: Callable[[], _Utterance] = partial(
+                WhisperUtterance, WhisperDecoder(settings.whisper)
+            )
         else:
             pool = DecoderPool(
                 partial(create_decoder, settings.options), max_idle=settings.max_idle
@@ -138,7 +152,7 @@ def _serve(requests: Connection, results: Connection) -> None:
         results.send(("failed", str(e)))
         return
     results.send(("ready", os.getpid()))
-    utterances: dict[int, Any] = {}  # None: failed, error reported
+    utterances: dict[int, _Utterance | None] = {}  # None: failed, error reported
     while True:
         message = requests.recv()
         if message[0] == "batch":
@@ -158,8 +172,8 @@ def _serve(requests: Connection, results: Connection) -> None:
 
 def _decode_batch(
     batch: list[tuple[int, bytes, int]],
-    utterances: dict[int, Any],
-    new_utterance: Any,
+    utterances: dict[int, _Utterance | None],
+    new_utterance: Callable[[], _Utterance],
 ) -> list[tuple[int, int, Any]]:
     events: list[tuple[int, int, Any]] = []
     for sid, pcm, op in batch:

@@ -3,8 +3,8 @@ the caller stops (or speculatively, when the caller pauses; see `WhisperUtteranc
 
 Whisper is trained on 30 s windows and pads every input to one, so a 2 s utterance costs as
 much as 30 s of speech. The encoder here gets a window of the utterance plus `pad_s` of
-silence (at least `min_window_s`), which cuts the cost about threefold; without the padding
-the decoder never sees the speech end and repeats itself (docs/performance.md, "Speech
+silence (at least `min_window_s`), which cuts the cost 2.4 times; with too little padding the
+decoder does not see the speech end and repeats itself (docs/performance.md, "Speech
 recognition", has the measurements).
 
 Runs in the speech recognition worker processes (pool.py): importing this module does not
@@ -253,8 +253,3 @@ class WhisperUtterance:
 
     def discard(self) -> None:
         self._audio.clear()
-
-    @property
-    def speculated(self) -> bool:
-        """Whether end() would reuse the decoding pause() made."""
-        return self._guess is not None and self._guess[0] == len(self._audio)
