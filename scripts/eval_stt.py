@@ -18,8 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -31,11 +29,6 @@ from voice_agent.engines.stt.whisper import (  # noqa: E402
     prompt_from,
     resolve_model,
 )
-
-
-def intent_phrases() -> list[str]:
-    intents = yaml.safe_load((ROOT / "config" / "booking_intents.yaml").read_text())["intents"]
-    return [phrase for intent in intents.values() for phrase in intent["phrases"]]
 
 
 def main() -> None:
@@ -58,7 +51,7 @@ def main() -> None:
     for variant in args.variants:
         fields = json.loads(variant)
         if fields.get("prompt") == "intents":
-            fields["prompt"] = prompt_from(intent_phrases())
+            fields["prompt"] = prompt_from(speech_eval.default_agent_phrases())
         decoder = WhisperDecoder(WhisperOptions(model, threads=args.threads, **fields))
         for route in ("phone", "browser"):
             for name, utterances in sets.items():

@@ -9,18 +9,15 @@ Only the `report` split is scored here; settings were chosen on the `tune` split
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import yaml
 
 from tests.conftest import report
 from tests.support import speech_eval
 from voice_agent.engines.stt import ProcessPoolStt, Stt, SttConfig, build_domain_lm, make_stt
 from voice_agent.engines.stt.scoring import ErrorCount
 
-ROOT = Path(__file__).resolve().parent.parent
 REAL_LINES = 50  # of the report split, spread over the speakers
 DEFAULT_ENGINE = "whisper tiny.en"
 TARGET_PHONE = 0.15  # real speech and the natural-voiced off-script lines, phone path
@@ -29,18 +26,7 @@ TARGET_REAL = 0.20  # real human speech, either path
 # than any person (docs/performance.md). They are reported, and kept out of the target.
 NATURAL_VOICES = ("joe",)
 
-pytestmark = [
-    pytest.mark.skipif(
-        bool(speech_eval.missing_packages()),
-        reason=f"needs Debian packages {', '.join(speech_eval.missing_packages())} (scripts/test)",
-    ),
-    pytest.mark.asyncio(loop_scope="module"),
-]
-
-
-def intent_phrases() -> list[str]:
-    intents = yaml.safe_load((ROOT / "config" / "booking_intents.yaml").read_text())["intents"]
-    return [phrase for intent in intents.values() for phrase in intent["phrases"]]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 ENGINES = [
@@ -55,15 +41,20 @@ ENGINES = [
 async def engine(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[str, Stt]]:
+    # Never a silent skip: scripts/test installs the recordings.
+    missing = speech_eval.missing_packages()
+    assert not missing, f"Debian packages {', '.join(missing)} are missing: run scripts/test"
     name: str = request.param
     stt: Stt
     if name == "pocketsphinx domain":
-        lm = build_domain_lm(intent_phrases(), cache_dir=tmp_path_factory.mktemp("lm"))
+        lm = build_domain_lm(
+            speech_eval.default_agent_phrases(), cache_dir=tmp_path_factory.mktemp("lm")
+        )
         stt = ProcessPoolStt(lm, processes=2)
     elif name == "pocketsphinx full":
         stt = ProcessPoolStt(None, processes=2)
     else:
-        phrases = tuple(intent_phrases()) if "prompt" in name else ()
+        phrases = tuple(speech_eval.default_agent_phrases()) if "prompt" in name else ()
         stt = make_stt(SttConfig(provider="whisper", processes=2, phrases=phrases))
     yield name, stt
     await stt.aclose()

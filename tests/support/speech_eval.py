@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
 from voice_agent.audio.g711 import ulaw_decode, ulaw_encode
 from voice_agent.audio.resample import StreamResampler, resample
 from voice_agent.audio.wav import read_wav
@@ -38,6 +40,7 @@ ASTERISK_TEXT = Path("/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.
 SPHINX = Path("/usr/share/pocketsphinx/test/data")
 ALSA = Path("/usr/share/sounds/alsa")
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "audio"
+INTENTS = Path(__file__).resolve().parents[2] / "config" / "booking_intents.yaml"
 DEBIAN_PACKAGES = (
     "asterisk-core-sounds-en",
     "asterisk-core-sounds-en-wav",
@@ -82,6 +85,13 @@ class Utterance:
         phone = ulaw_decode(ulaw_encode(narrow))
         up = StreamResampler(8000, RATE)
         return up.process(phone) + up.flush()
+
+
+def default_agent_phrases() -> list[str]:
+    """The default agent's intents' training phrases: what pocketsphinx's domain model is built
+    from, and what the "intents as prompt" variant gives Whisper."""
+    intents = yaml.safe_load((INTENTS).read_text())["intents"]
+    return [phrase for intent in intents.values() for phrase in intent["phrases"]]
 
 
 def split_of(name: str) -> Split:
@@ -195,15 +205,14 @@ def _rank(name: str) -> bytes:
     return hashlib.sha256(b"order:" + name.encode()).digest()
 
 
-async def transcribe(stt: Stt, audio: bytes, *, pause: bool = True) -> str:
+async def transcribe(stt: Stt, audio: bytes) -> str:
     """One utterance through an engine as the pipeline feeds it: 20 ms frames, a pause once
     the caller stops (the speculative decoding, see TurnStep.paused), then finish()."""
     stream = stt.start(RATE)
     frame = RATE * 2 // 50
     for start in range(0, len(audio), frame):
         stream.push(audio[start : start + frame])
-    if pause:
-        stream.pause()
+    stream.pause()
     return (await stream.finish()).text
 
 
