@@ -67,6 +67,12 @@ def _serve_workers(args: argparse.Namespace) -> int:
 
     if args.port == 0:
         raise VoiceAgentError("--workers needs a fixed --port: the workers must share it")
+    if args.sip:
+        # SO_REUSEPORT would hand one call's datagrams to different workers.
+        raise VoiceAgentError(
+            "--sip takes one worker: several would split a call's SIP messages between them; "
+            "run one SIP server per host and spread calls with a SIP proxy (docs/telephony.md)"
+        )
     command = [sys.executable, "-m", "voice_agent.cli", "serve", "--config", args.config]
     command += ["--host", args.host, "--port", str(args.port), "--reuse-port"]
     if args.data_dir:
@@ -90,6 +96,7 @@ async def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         reuse_port=args.reuse_port,
         worker_id=args.worker_id,
+        sip_listen=args.sip,
     )
     settings = registry.loaded.config.server
     try:
@@ -116,11 +123,15 @@ async def _serve(args: argparse.Namespace) -> int:
         ws = f"ws://{server.host}:{server.port}"
         token_hint = "?token=YOUR-TOKEN" if server.access.has_tokens else ""
         worker = f" (worker {args.worker_id})" if args.reuse_port else ""
+        sip = "off (--sip HOST:PORT)"
+        if server.sip is not None:
+            sip = f"sip:{server.sip.public}:{server.sip.port}"
         print(
             f"voice_agent {__version__} serving agent {agent!r} on {server.url}{worker}\n"
             f"  call it in a browser: {server.url}/{token_hint}\n"
             f'  Twilio Media Streams: <Connect><Stream url="{ws}/twilio"> (via a tunnel)\n'
             f"  native WebSocket:     {ws}/ws\n"
+            f"  SIP over UDP:         {sip}\n"
             f"  call records:         {server.url}/calls/view (API: {server.url}/calls)\n"
             f"  talk to it:           .venv/bin/voice-agent call --url {ws}/ws "
             "--wav tests/fixtures/audio/joe_book1.wav\n"
@@ -178,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.add_argument("--port", type=int, default=8765)
     serve_parser.add_argument(
         "--workers", type=int, default=1, help="server processes sharing the port (Linux)"
+    )
+    serve_parser.add_argument(
+        "--sip", metavar="HOST:PORT", help="also take SIP calls over UDP here (sip: in the config)"
     )
     serve_parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     serve_parser.add_argument("--worker-id", type=int, default=0, help=argparse.SUPPRESS)

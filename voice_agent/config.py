@@ -335,12 +335,69 @@ class ServerSettings(_Strict):
     max_cpu_percent: float | None = Field(default=None, gt=0)
 
 
+class SipSettings(_Strict):
+    """SIP calls straight from a trunk or a PBX (docs/telephony.md); off unless `listen` or
+    `serve --sip` gives an address."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)  # ValueError says what is wrong
+        return value
+
+    @field_validator("allowed_sources")
+    @classmethod
+    def _sources(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            ipaddress.ip_network(item, strict=False)  # ValueError names the bad one
+        return value
+
+    @model_validator(mode="after")
+    def _ports(self) -> SipSettings:
+        if self.rtp_port_max < self.rtp_port_min:
+            raise ValueError(
+                f"rtp_port_max {self.rtp_port_max} is below rtp_port_min {self.rtp_port_min}"
+            )
+        return self
+
+    listen: str | None = None  # "HOST:PORT", e.g. "0.0.0.0:5060"
+    # The address callers reach this server at, for Contact and SDP: needed when `listen` is
+    # 0.0.0.0 or behind NAT.
+    public_address: str | None = None
+    rtp_port_min: int = Field(default=20000, ge=1024, le=65535)
+    rtp_port_max: int = Field(default=20999, ge=1024, le=65535)
+    # Networks (CIDR or single addresses) whose INVITEs are taken; None takes any source.
+    allowed_sources: list[str] | None = None
+    # Digest credentials for INVITEs: user name -> name of the secret holding the password.
+    credentials: dict[str, str] = Field(default_factory=dict)
+    realm: str = "voice-agent"
+    # Which agent takes a call: this header's value if present, else `numbers` for the dialled
+    # user part, else an agent of that name, else the default agent.
+    agent_header: str | None = None
+    numbers: dict[str, str] = Field(default_factory=dict)
+    # SIP headers that become agent args: header name -> arg name (e.g. X-Customer: customer).
+    headers: dict[str, str] = Field(default_factory=dict)
+    # Audio sent is taken as heard this much later (network and the caller's jitter buffer).
+    heard_delay_ms: float = Field(default=60.0, ge=0, le=1000)
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """ "127.0.0.1:5060", "[::1]:5060" -> host and port; ValueError says what is wrong."""
+    host, colon, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:5060)")
+    return host, int(port)
+
+
 class Config(_Strict):
     default_agent: str
     agents: dict[str, AgentConfig]
     voice: VoiceSettings = VoiceSettings()
     webrtc: WebRtcSettings = WebRtcSettings()
     server: ServerSettings = ServerSettings()
+    sip: SipSettings = SipSettings()
 
 
 def _check_references(config: Config, file: str) -> None:

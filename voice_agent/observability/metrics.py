@@ -149,6 +149,12 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.sip_refused = Counter(
+            f"{PREFIX}_sip_refused",
+            "SIP requests turned away, by response status (dropped: none sent).",
+            ["status"],
+            registry=r,
+        )
         self.barge_ins = Counter(
             f"{PREFIX}_barge_ins", "Times the caller cut the agent off.", registry=r
         )
@@ -231,6 +237,9 @@ class ServerMetrics:
         # Counted, not decremented blindly: an extra end must not push the gauge below zero.
         self._live[transport] = max(0, self._live.get(transport, 0) - 1)
         self.live_calls.labels(transport).set(self._live[transport])
+
+    def sip_request_refused(self, status: int | None) -> None:
+        self.sip_refused.labels(str(status) if status else "dropped").inc()
 
     def admission_refused(self, reason: str) -> None:
         self.admissions_refused.labels(_label(reason)).inc()

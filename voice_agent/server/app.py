@@ -63,6 +63,7 @@ from voice_agent.server.recording import (
     recording_format,
     recordings_dir,
 )
+from voice_agent.server.sip import SipGateway
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
 from voice_agent.store import CallStore as DurableStore
@@ -141,6 +142,7 @@ class VoiceServer:
         store: DurableStore | None = None,
         reuse_port: bool = False,
         worker_id: int = 0,
+        sip_listen: str | None = None,
     ) -> None:
         self.registry = registry
         self.host = host
@@ -159,6 +161,21 @@ class VoiceServer:
         self._closing = False
         settings = registry.loaded.config.webrtc
         self.rtc = RtcGateway(self.start_call, settings)
+        sip_settings = registry.loaded.config.sip
+        listen = sip_listen or sip_settings.listen
+        self.sip = (
+            SipGateway(
+                sip_settings,
+                listen=listen,
+                start_call=self.start_call,
+                admit=self.refuse_call,
+                agents=registry.agents,
+                secrets=registry.secrets,
+                on_refused=lambda refused: self.metrics.sip_request_refused(refused.status),
+            )
+            if listen
+            else None
+        )
         server_settings = registry.loaded.config.server
         self.admission = Admission(
             max_calls=server_settings.max_calls,
@@ -418,6 +435,26 @@ class VoiceServer:
             return _json(http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         return _json(http.HTTPStatus.OK, page)
 
+    def refuse_call(self, where: str) -> str | None:
+        """Admission for a call arriving on `where`: why it is refused, or None to take it."""
+        if self._closing:
+            return "the server is shutting down"
+        refusal = self.admission.decide(
+            live_calls=max(self.live.live_count(), self._call_connections),
+            loop_lag_ms=self.loop_lag_ms,
+            cpu_percent=self.cpu.sample(),
+        )
+        if refusal is None:
+            return None
+        self.refused_calls += 1
+        self.metrics.admission_refused(refusal.reason)
+        line = self._refusal_report.refused(
+            f"call refused on {where}: {refusal.message}", time.monotonic()
+        )
+        if line is not None:
+            log.warning("%s", line)
+        return refusal.message
+
     async def process_request(
         self, connection: ServerConnection, request: Request
     ) -> Response | None:
@@ -440,21 +477,10 @@ class VoiceServer:
                 )
                 response.headers["Retry-After"] = str(RETRY_AFTER_S)
                 return response
-            refusal = self.admission.decide(
-                live_calls=max(self.live.live_count(), self._call_connections),
-                loop_lag_ms=self.loop_lag_ms,
-                cpu_percent=self.cpu.sample(),
-            )
-            if refusal is not None:
+            refused = self.refuse_call(path)
+            if refused is not None:
                 # The handshake completes so the caller gets a WebSocket close code it knows.
-                self.refused_calls += 1
-                self.metrics.admission_refused(refusal.reason)
-                self._refusals[connection] = refusal.message
-                line = self._refusal_report.refused(
-                    f"call refused on {path}: {refusal.message}", time.monotonic()
-                )
-                if line is not None:
-                    log.warning("%s", line)
+                self._refusals[connection] = refused
             elif path != "/rtc" and isinstance(connection, MediaConnection):
                 connection.hold_messages()
             return None  # the WebSocket handshake goes on
@@ -550,6 +576,8 @@ class VoiceServer:
         sockets = list(self._server.sockets)
         if sockets:
             self.port = sockets[0].getsockname()[1]
+        if self.sip is not None:
+            await self.sip.start()
         if self.shared_metrics is not None:
             self.shared_metrics.start()
 
@@ -577,6 +605,8 @@ class VoiceServer:
             for pipeline in list(self.pipelines.values()):
                 pipeline.out.close(1001, "server shutting down")
                 await pipeline.hang_up("server shutting down")
+        if self.sip is not None:
+            await self.sip.stop()
         await self._server.wait_closed()
         await self.store.aclose()
         for engine in {*self._shared_tts.values(), *self._shared_stt.values()}:

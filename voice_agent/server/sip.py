@@ -1,0 +1,480 @@
+"""The SIP listener: moves datagrams between UDP sockets and the sans-I/O user agent server
+(voice_agent.sip.uas) and each call's RTP session (voice_agent.sip.media), and runs each
+confirmed call on the same call pipeline as /twilio.
+
+One clock paces every call's RTP: a tick each 20 ms from a monotonic deadline grid sends each
+call one packet (the agent's audio or comfort silence) and hands the pipeline one frame of the
+caller's from the jitter buffer. One wake-up for all calls rather than one per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from voice_agent.audio.codec import CarrierFormat
+from voice_agent.config import SipSettings, split_host_port
+from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.server.pipeline import CallPipeline
+from voice_agent.sip import uas as sip
+from voice_agent.sip.auth import DigestAuthenticator
+from voice_agent.sip.guard import parse_networks
+from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
+from voice_agent.sip.message import SipMessage, name_addr_uri, uri_user
+from voice_agent.sip.rtp import Pacer
+from voice_agent.sip.transaction import Addr
+
+log = logging.getLogger("voice_agent.server")
+
+StartCall = Callable[..., Awaitable[CallPipeline]]
+Admit = Callable[[str], "str | None"]  # where the call comes in -> why it is refused, or None
+TRANSPORT = "sip"
+
+
+@dataclass(frozen=True)
+class CallRoute:
+    agent: str | None
+    args: dict[str, str]
+
+
+def route_call(
+    invite: SipMessage, settings: SipSettings, agents: Mapping[str, Any]
+) -> CallRoute | None:
+    """Which agent takes the call and with which args; None if the call names no agent here.
+
+    The agent: `agent_header`'s value, else `numbers[dialled user]`, else the agent named by
+    the dialled user part, else the default agent. The args: `caller` (the user part of
+    P-Asserted-Identity, else From), `called` (the Request-URI's user part), and each header
+    `settings.headers` maps to an arg name.
+    """
+    dialled = uri_user(invite.uri or "")
+    agent: str | None = None
+    if settings.agent_header and invite.get(settings.agent_header):
+        agent = (invite.get(settings.agent_header) or "").strip()
+        if agent not in agents:
+            return None
+    elif dialled is not None and dialled in settings.numbers:
+        agent = settings.numbers[dialled]
+    elif dialled is not None and dialled in agents:
+        agent = dialled
+    identity = invite.get("p-asserted-identity") or invite.get("from") or ""
+    args: dict[str, str] = {}
+    caller = uri_user(name_addr_uri(identity)) if identity else None
+    if caller:
+        args["caller"] = caller
+    if dialled:
+        args["called"] = dialled
+    for header, name in settings.headers.items():
+        value = invite.get(header)
+        if value is not None:
+            args[name] = value[:256]
+    return CallRoute(agent, args)
+
+
+class RtpPorts:
+    """The RTP ports of the configured range, even numbers only (RFC 3550 section 11)."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self._free = list(range(low + low % 2, high + 1, 2))
+        self._used: set[int] = set()
+
+    def bind(self, host: str) -> socket.socket:
+        """A UDP socket on a free port of the range; VoiceAgentError when none is free."""
+        for port in list(self._free):
+            sock = socket.socket(
+                socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM
+            )
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue  # another process holds it: try the next
+            self._free.remove(port)
+            self._used.add(port)
+            sock.setblocking(False)
+            return sock
+        raise VoiceAgentError("no free RTP port in sip.rtp_port_min..rtp_port_max")
+
+    def release(self, port: int) -> None:
+        if port in self._used:
+            self._used.discard(port)
+            self._free.append(port)
+
+
+class _RtpProtocol(asyncio.DatagramProtocol):
+    def __init__(self, call: _LiveCall) -> None:
+        self.call = call
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.call.rtp_in(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable after the caller left: the next BYE or timer ends the call.
+        log.debug("rtp socket error: %s", exc)
+
+
+@dataclass(eq=False)
+class _LiveCall:
+    gateway: SipGateway
+    call_id: str
+    incoming: sip.IncomingCall
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Future[str] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    negotiated: Any = None
+    media: RtpSession | None = None
+    pipeline: CallPipeline | None = None
+    transport: asyncio.DatagramTransport | None = None
+    port: int | None = None
+
+    def end(self, reason: str) -> None:
+        if not self.ended.done():
+            self.ended.set_result(reason)
+
+    def rtp_in(self, data: bytes, source: Addr) -> None:
+        media = self.media
+        if media is None:
+            return
+        digit = media.receive(data, source, self.gateway.now_ms())
+        if digit is not None and self.pipeline is not None:
+            self.pipeline.dtmf(digit)
+
+
+class SipOutbound:
+    """The pipeline's Outbound for a SIP call: audio and marks to the RTP playout; `clear`
+    drops what is not yet sent (nothing queued elsewhere: barge-in is immediate); `close` is a
+    BYE. SIP has no event channel: events stay in the audit."""
+
+    def __init__(self, gateway: SipGateway, call: _LiveCall, media: RtpSession) -> None:
+        self._gateway = gateway
+        self._call = call
+        self._media = media
+
+    def audio(self, data: bytes) -> None:
+        self._media.playout.audio(data)
+
+    def mark(self, name: str) -> None:
+        self._media.playout.mark(name)
+
+    def clear(self) -> None:
+        self._media.playout.clear()
+
+    def event(self, payload: dict[str, Any]) -> None:
+        pass
+
+    def close(self, code: int, reason: str) -> None:
+        self._gateway.hang_up(self._call.call_id, reason)
+
+
+class _SignalProtocol(asyncio.DatagramProtocol):
+    def __init__(self, gateway: SipGateway) -> None:
+        self.gateway = gateway
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.gateway.datagram(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("sip socket error: %s", exc)
+
+
+class SipGateway:
+    def __init__(
+        self,
+        settings: SipSettings,
+        *,
+        listen: str,
+        start_call: StartCall,
+        admit: Admit,
+        agents: Mapping[str, Any],
+        secrets: Mapping[str, str],
+        on_refused: Callable[[sip.Refused], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        try:
+            self.host, self.port = split_host_port(listen)
+        except ValueError as exc:
+            raise ConfigError(str(exc), key="sip.listen") from None
+        public = settings.public_address or self.host
+        if public in ("0.0.0.0", "::"):
+            raise ConfigError(
+                f"listening on {self.host} needs sip.public_address: the address callers "
+                "reach this server at, for the SDP and Contact",
+                key="sip.public_address",
+            )
+        self.public = public
+        self._start_call = start_call
+        self._admit = admit
+        self._agents = agents
+        self._on_refused = on_refused
+        credentials = {}
+        for user, secret in settings.credentials.items():
+            if secret not in secrets:
+                raise ConfigError(
+                    f"sip.credentials.{user} names secret {secret!r}, which is not set: "
+                    f"voice-agent secrets set {secret}",
+                    key=f"sip.credentials.{user}",
+                )
+            credentials[user] = secrets[secret]
+        self._credentials = credentials
+        self._networks = (
+            parse_networks(settings.allowed_sources)
+            if settings.allowed_sources is not None
+            else None
+        )
+        self.ports = RtpPorts(settings.rtp_port_min, settings.rtp_port_max)
+        self.calls: dict[str, _LiveCall] = {}
+        self.uas: sip.UserAgentServer | None = None
+        self._transport: asyncio.DatagramTransport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+        self._pacer: Pacer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.send_lateness_ms: list[float] = []  # the ticks' lateness, for the load report
+        self.record_lateness = False
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        transport, _ = await self._loop.create_datagram_endpoint(
+            lambda: _SignalProtocol(self), local_addr=(self.host, self.port)
+        )
+        self._transport = transport
+        self.port = transport.get_extra_info("sockname")[1]
+        authenticator = (
+            DigestAuthenticator(self.settings.realm, self._credentials)
+            if self._credentials
+            else None
+        )
+        self.uas = sip.UserAgentServer(
+            sip.UasSettings(
+                host=self.public,
+                port=self.port,
+                allowed_sources=self._networks,
+                authenticator=authenticator,
+            )
+        )
+        log.info("SIP on udp %s:%d (contact %s)", self.host, self.port, self.public)
+
+    async def stop(self, reason: str = "server shutting down") -> None:
+        for call_id in list(self.calls):
+            self.hang_up(call_id, reason)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2.0)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self._transport is not None:
+            self._transport.close()
+
+    def now_ms(self) -> float:
+        assert self._loop is not None
+        return self._loop.time() * 1000
+
+    # ---- signalling ----------------------------------------------------------------------
+
+    def datagram(self, data: bytes, source: Addr) -> None:
+        if self.uas is None:
+            return
+        self._apply(self.uas.datagram(data, source, self.now_ms()))
+
+    def hang_up(self, call_id: str, reason: str) -> None:
+        if self.uas is not None:
+            self._apply(self.uas.hang_up(call_id, self.now_ms(), reason))
+        call = self.calls.get(call_id)
+        if call is not None and call.pipeline is not None:
+            # After the BYE (or while its ACK is awaited): the caller hears nothing more.
+            call.end(reason)
+
+    def _apply(self, actions: list[sip.Action]) -> None:
+        call: _LiveCall | None
+        for action in actions:
+            if isinstance(action, sip.Send):
+                if self._transport is not None:
+                    self._transport.sendto(action.data, action.addr)
+            elif isinstance(action, sip.IncomingCall):
+                new = _LiveCall(self, action.call_id, action)
+                self.calls[action.call_id] = new
+                task = asyncio.ensure_future(self._run(new))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif isinstance(action, sip.CallConfirmed):
+                call = self.calls.get(action.call_id)
+                if call is not None:
+                    call.negotiated = action.negotiated
+                    call.confirmed.set()
+            elif isinstance(action, sip.MediaChanged):
+                call = self.calls.get(action.call_id)
+                if call is not None and call.media is not None:
+                    call.media.update(action.negotiated)
+                    log.info(
+                        "sip call %s: %s",
+                        action.call_id,
+                        "on hold" if action.negotiated.on_hold else "media updated",
+                    )
+            elif isinstance(action, sip.DtmfReceived):
+                call = self.calls.get(action.call_id)
+                if call is not None and call.pipeline is not None:
+                    call.pipeline.dtmf(action.digit)
+            elif isinstance(action, sip.CallEnded):
+                call = self.calls.get(action.call_id)
+                if call is not None:
+                    call.end(action.reason)
+            elif isinstance(action, sip.Refused):
+                log.info(
+                    "sip %s:%d: %s%s",
+                    action.addr[0],
+                    action.addr[1],
+                    action.reason,
+                    f" ({action.status})" if action.status else " (dropped)",
+                )
+                if self._on_refused is not None:
+                    self._on_refused(action)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        assert self.uas is not None and self._loop is not None
+        deadline = self.uas.next_deadline_ms()
+        if deadline is None or deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline / 1000, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        if self.uas is not None:
+            self._apply(self.uas.tick(self.now_ms()))
+
+    # ---- one call ------------------------------------------------------------------------
+
+    async def _run(self, call: _LiveCall) -> None:
+        assert self.uas is not None and self._loop is not None
+        reason = "caller hung up"
+        try:
+            refusal = self._admit(TRANSPORT)
+            route = route_call(call.incoming.invite, self.settings, self._agents)
+            if refusal is not None:
+                self._apply(self.uas.reject(call.call_id, 503, self.now_ms(), refusal))
+                return
+            if route is None:
+                self._apply(self.uas.reject(call.call_id, 404, self.now_ms(), "no such agent"))
+                return
+            try:
+                sock = self.ports.bind(self.host)
+            except VoiceAgentError as exc:
+                self._apply(self.uas.reject(call.call_id, 503, self.now_ms(), str(exc)))
+                return
+            call.port = sock.getsockname()[1]
+            transport, _ = await self._loop.create_datagram_endpoint(
+                lambda: _RtpProtocol(call), sock=sock
+            )
+            call.transport = transport
+            self._apply(self.uas.accept(call.call_id, self.public, call.port, self.now_ms()))
+            confirmed = asyncio.ensure_future(call.confirmed.wait())
+            await _first(confirmed, call.ended)
+            confirmed.cancel()
+            if call.ended.done():
+                reason = call.ended.result()
+                return
+            call.media = RtpSession(
+                call.negotiated,
+                signalling_host=call.incoming.source[0],
+                heard_delay_ms=self.settings.heard_delay_ms,
+            )
+            carrier = CarrierFormat(call.media.encoding, SAMPLE_RATE)
+            try:
+                call.pipeline = await self._start_call(
+                    transport=TRANSPORT,
+                    agent=route.agent,
+                    args=route.args,
+                    call_id=None,
+                    carrier=carrier,
+                    out=SipOutbound(self, call, call.media),
+                )
+            except VoiceAgentError as exc:
+                reason = f"call could not start: {exc}"
+                self.hang_up(call.call_id, reason)
+                return
+            log.info(
+                "sip call %s from %s is call %s",
+                call.call_id,
+                route.args.get("caller", "?"),
+                call.pipeline.session.call_id,
+            )
+            self._start_ticker()
+            await call.pipeline.start()
+            finished = asyncio.ensure_future(call.pipeline.finished.wait())
+            await _first(finished, call.ended)
+            finished.cancel()
+            if call.ended.done():
+                reason = call.ended.result()
+            else:
+                reason = "call ended"
+                self.hang_up(call.call_id, reason)
+        finally:
+            if call.pipeline is not None:
+                await call.pipeline.hang_up(reason)
+            if call.transport is not None:
+                call.transport.close()
+            if call.port is not None:
+                self.ports.release(call.port)
+            self.calls.pop(call.call_id, None)
+
+    # ---- the media clock -----------------------------------------------------------------
+
+    def _start_ticker(self) -> None:
+        if self._ticker is None:
+            self._pacer = Pacer(self.now_ms(), FRAME_MS)
+            self._tick_media()
+
+    def _tick_media(self) -> None:
+        assert self._loop is not None and self._pacer is not None
+        now = self.now_ms()
+        if self.record_lateness:
+            self.send_lateness_ms.append(self._pacer.lateness_ms(now))
+        frames = self._pacer.due(now)
+        active = [call for call in self.calls.values() if call.media and call.pipeline]
+        for _ in range(frames):
+            for call in active:
+                self._media_frame(call, now)
+        if not self.calls:
+            self._ticker = None
+            return
+        self._ticker = self._loop.call_at(self._pacer.next_deadline_ms / 1000, self._tick_media)
+
+    def _media_frame(self, call: _LiveCall, now_ms: float) -> None:
+        media, pipeline = call.media, call.pipeline
+        assert media is not None and pipeline is not None
+        if pipeline.ended:
+            return
+        try:
+            inbound = media.heard_audio(now_ms)
+            if inbound is not None:
+                pipeline.audio(inbound)
+            packet, heard = media.next_packet(now_ms)
+            destination = media.destination
+            if packet is not None and destination is not None and call.transport is not None:
+                call.transport.sendto(packet, destination)
+            for name in heard:
+                pipeline.mark(name)
+        except Exception as exc:  # one call's failure must not stop every call's clock
+            log.exception("sip call %s: media tick failed", call.call_id)
+            self.hang_up(call.call_id, f"media failed: {type(exc).__name__}")
+
+
+async def _first(*futures: asyncio.Future[Any]) -> None:
+    await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)

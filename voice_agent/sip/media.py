@@ -1,0 +1,135 @@
+"""One SIP call's RTP, sans-I/O: datagrams in (audio to a jitter buffer, telephone events to
+digits), one 20 ms packet out per tick from the agent's playout (comfort silence when it is
+quiet), and where to send them. RFC 3550/3551 for G.711, RFC 4733 for DTMF.
+
+Where packets go (symmetric RTP, RFC 4961): to the address the caller's packets come from once
+they come, else to the SDP's. Packets are taken only from the caller's signalling host or the
+SDP's connection host; RTP from anywhere else is dropped and counted, so a stranger who guesses
+the port cannot talk into the call ("RTP bleed"). The hosts, not the ports: a NAT may map the
+caller's media to another port than it wrote.
+
+Hold (RFC 3264 section 8.4): while the caller has us on hold (sendonly, inactive, c=0.0.0.0)
+nothing is sent and the agent's audio waits in the playout, to go on when the call resumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from voice_agent.core.playout import RtpPlayout
+from voice_agent.sip.dtmf import DtmfReceiver
+from voice_agent.sip.jitter import JitterBuffer
+from voice_agent.sip.rtp import RtpError, RtpSender, parse_rtp
+from voice_agent.sip.sdp import Negotiated
+from voice_agent.sip.transaction import Addr
+
+SAMPLE_RATE = 8000
+FRAME_MS = 20
+# G.711's code for a zero sample (ITU-T G.711 tables): mu-law 0xFF, A-law 0xD5.
+SILENCE = {"PCMU": 0xFF, "PCMA": 0xD5}
+ENCODINGS: dict[str, Literal["mulaw", "alaw"]] = {"PCMU": "mulaw", "PCMA": "alaw"}
+# Audio sent is heard this much later: the network plus the caller's jitter buffer.
+DEFAULT_HEARD_DELAY_MS = 60.0
+
+
+@dataclass(slots=True)
+class MediaStats:
+    received: int = 0
+    sent: int = 0
+    unreadable: int = 0  # not RTP, or RTCP
+    foreign: int = 0  # from a host that is not the caller's
+    other_payload: int = 0  # a payload type the answer did not name
+    digits: int = 0
+
+
+class RtpSession:
+    def __init__(
+        self,
+        negotiated: Negotiated,
+        *,
+        signalling_host: str,
+        heard_delay_ms: float = DEFAULT_HEARD_DELAY_MS,
+    ) -> None:
+        self.negotiated = negotiated
+        name = negotiated.codec.name
+        self.encoding = ENCODINGS[name]
+        self.playout = RtpPlayout(
+            SAMPLE_RATE, FRAME_MS, 1, silence=SILENCE[name], delay_ms=heard_delay_ms
+        )
+        self.sender = RtpSender(negotiated.codec.payload_type)
+        self.jitter = JitterBuffer()
+        self.dtmf = DtmfReceiver()
+        self.stats = MediaStats()
+        self._signalling_host = signalling_host
+        self._latched: Addr | None = None
+        self._lost = 0
+        self._silence = bytes([SILENCE[name]]) * (SAMPLE_RATE * FRAME_MS // 1000)
+
+    @property
+    def on_hold(self) -> bool:
+        return self.negotiated.on_hold
+
+    @property
+    def destination(self) -> Addr | None:
+        """Where our packets go; None while nothing is to be sent (hold, or port 0)."""
+        if self.on_hold:
+            return None
+        if self._latched is not None:
+            return self._latched
+        if self.negotiated.remote_port == 0:
+            return None
+        return (self.negotiated.remote_address, self.negotiated.remote_port)
+
+    def update(self, negotiated: Negotiated) -> None:
+        """A re-INVITE settled new media: hold, resume, another address. The codec stays the
+        one the call started with (the pipeline's carrier); a change of it is not taken."""
+        if negotiated.remote_address != self.negotiated.remote_address:
+            self._latched = None
+        self.negotiated = negotiated
+
+    def receive(self, data: bytes, source: Addr, now_ms: float) -> str | None:
+        """A datagram on the call's port; returns a key the caller pressed, if it is one."""
+        host = source[0]
+        if host != self._signalling_host and host != self.negotiated.remote_address:
+            self.stats.foreign += 1
+            return None
+        try:
+            packet = parse_rtp(data)
+        except RtpError:
+            self.stats.unreadable += 1
+            return None
+        self.stats.received += 1
+        self._latched = source
+        payload_type = packet.payload_type
+        if payload_type == self.negotiated.codec.payload_type:
+            self.jitter.push(packet, now_ms)
+            return None
+        event = self.negotiated.telephone_event
+        if event is not None and payload_type == event.payload_type:
+            digit = self.dtmf.feed(packet)
+            if digit is not None:
+                self.stats.digits += 1
+            return digit
+        self.stats.other_payload += 1
+        return None
+
+    def heard_audio(self, now_ms: float) -> bytes | None:
+        """The caller's next 20 ms for the pipeline, once per tick: a lost packet is one
+        frame of silence, so VAD and STT keep time; None while the buffer fills."""
+        payload = self.jitter.pop(now_ms)
+        if payload is not None:
+            return payload
+        lost = self.jitter.stats.lost
+        if lost != self._lost:
+            self._lost = lost
+            return self._silence
+        return None
+
+    def next_packet(self, now_ms: float) -> tuple[bytes | None, list[str]]:
+        """The packet to send this tick (None on hold) and the marks now heard."""
+        if self.on_hold:
+            return None, []
+        frame, heard = self.playout.next_frame(now_ms)
+        self.stats.sent += 1
+        return self.sender.packet(frame, marker=self.stats.sent == 1), heard

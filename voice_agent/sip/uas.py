@@ -1,0 +1,705 @@
+"""The SIP user agent server, sans-I/O: datagrams and a clock in, datagrams to send and call
+events out (RFC 3261 sections 8.2, 9.2, 12, 13.3, 14.2, 15, 17.2 and 18.2, RFC 3581, RFC 6026's
+accepted state; offer/answer through voice_agent.sip.sdp).
+
+    uas = UserAgentServer(settings)
+    actions = uas.datagram(data, source, now_ms)   # and uas.tick(now_ms) at uas.next_deadline_ms()
+    # IncomingCall -> uas.accept(call_id, media_host, media_port, now_ms) or uas.reject(...)
+    # CallConfirmed (the ACK came: media may flow), MediaChanged (re-INVITE), DtmfReceived,
+    # CallEnded; Send is a datagram for the I/O layer; Refused says what was turned away, why.
+
+What is answered how:
+- INVITE: 100 at once, 200 with the SDP answer once the server accepts (retransmitted at T1,
+  doubling to T2, until the ACK; no ACK in 32 s ends the call with a BYE, section 13.3.1.4).
+  Without an SDP offer the 200 carries the offer and the ACK the answer (delayed offer).
+  488 when no codec matches, 415 for a body that is not SDP, 420 for a Require we lack, 482 for
+  a second INVITE of a Call-ID, 503 past `max_calls`. Retransmitted INVITEs get the last
+  response again.
+- Refusals before a call exists (400, 401, 403, 415, 420, 481, 482, 488, 503, 405, 501) are
+  stateless (section 8.2.7), with a To tag derived from the request so a retransmission gets
+  the same one. The INVITE a call was refused after is kept for 32 s to absorb retransmissions.
+- ACK: for our 2xx it confirms the call (with the answer if the offer was ours); for a
+  non-2xx it stops that response's retransmission. ACK is never answered.
+- CANCEL before the answer: 200 to the CANCEL, 487 to the INVITE, the call ends.
+- BYE: 200, the call ends. `hang_up` sends a BYE (after the ACK, if it has not come yet:
+  section 15), retransmitted until answered or 32 s.
+- re-INVITE: the new offer answered (hold: sendonly or inactive, or c=0.0.0.0; resume), or
+  488 with the session unchanged; an older CSeq gets 500 (section 12.2.2).
+- INFO with application/dtmf-relay or application/dtmf: a digit. OPTIONS: 200 with Allow.
+- Requests naming an unknown dialog: 481. Known methods this server does not take (REGISTER,
+  SUBSCRIBE, ...): 405. Unknown methods: 501. Responses that match nothing are dropped.
+- Non-INVITE retransmissions get the cached response (voice_agent.sip.transaction).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from voice_agent.sip import sdp
+from voice_agent.sip.auth import DigestAuthenticator
+from voice_agent.sip.dialog import Dialog
+from voice_agent.sip.dtmf import parse_dtmf_body
+from voice_agent.sip.guard import FailureLimiter, Network, source_allowed
+from voice_agent.sip.message import (
+    SipMessage,
+    SipParseError,
+    build_response,
+    parse_message,
+    parse_via,
+)
+from voice_agent.sip.transaction import (
+    TIMEOUT_MS,
+    Addr,
+    ResponseCache,
+    Retransmission,
+    TransactionKey,
+    transaction_key,
+)
+
+ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
+# Methods of SIP's extensions a server may be sent and does not take here (405, with Allow).
+KNOWN_METHODS = {
+    "REGISTER",
+    "SUBSCRIBE",
+    "NOTIFY",
+    "REFER",
+    "MESSAGE",
+    "PUBLISH",
+    "PRACK",
+    "UPDATE",
+}
+SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
+_REQUIRED = ("via", "from", "to", "call-id", "cseq")
+_RPORT = re.compile(r";\s*rport(?=\s*(;|$))", re.IGNORECASE)
+
+CallState = Literal["offered", "answered", "confirmed", "ended"]
+
+
+@dataclass(frozen=True)
+class UasSettings:
+    host: str  # the address in Via, Contact and SDP (the public one, behind NAT)
+    port: int
+    allowed_sources: tuple[Network, ...] | None = None  # None: any
+    authenticator: DigestAuthenticator | None = None
+    max_calls: int = 1000
+    max_auth_failures_per_minute: int = 10
+    user_agent: str = "voice-agent"
+
+
+# ---- what the server is told -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    data: bytes
+    addr: Addr
+
+
+@dataclass(frozen=True)
+class IncomingCall:
+    call_id: str  # the SIP Call-ID, this server's key for the call
+    invite: SipMessage
+    source: Addr
+    negotiated: sdp.Negotiated | None  # None: no offer, ours goes in the 200 (delayed offer)
+    username: str | None = None  # who authenticated, if credentials are configured
+
+
+@dataclass(frozen=True)
+class CallConfirmed:
+    call_id: str
+    negotiated: sdp.Negotiated
+
+
+@dataclass(frozen=True)
+class MediaChanged:
+    call_id: str
+    negotiated: sdp.Negotiated
+
+
+@dataclass(frozen=True)
+class DtmfReceived:
+    call_id: str
+    digit: str
+
+
+@dataclass(frozen=True)
+class CallEnded:
+    call_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A datagram turned away: what it was, who sent it, and why (for the log and metrics)."""
+
+    addr: Addr
+    status: int | None  # None: dropped without an answer
+    reason: str
+
+
+Action = Send | IncomingCall | CallConfirmed | MediaChanged | DtmfReceived | CallEnded | Refused
+
+
+@dataclass(eq=False)
+class _Call:
+    call_id: str
+    invite: SipMessage
+    invite_key: TransactionKey
+    source: Addr
+    response_addr: Addr
+    local_tag: str
+    negotiated: sdp.Negotiated | None
+    state: CallState = "offered"
+    dialog: Dialog | None = None
+    last_response: bytes = b""  # the latest response to the INVITE (or re-INVITE) transaction
+    retransmit: Retransmission | None = None  # our 2xx or non-2xx until its ACK
+    waiting_ack_cseq: int | None = None
+    our_offer: sdp.SessionDescription | None = None  # while the answer is due in an ACK
+    reinvite_key: TransactionKey | None = None
+    media_addr: Addr | None = None
+    sdp_version: int = 0
+    bye: Retransmission | None = None
+    bye_branch: str | None = None
+    bye_after_ack: bool = False
+    expires_ms: float | None = None  # an ended call is kept this long for retransmissions
+
+    @property
+    def deadline_ms(self) -> float | None:
+        times = [t.deadline_ms for t in (self.retransmit, self.bye) if t is not None]
+        if self.expires_ms is not None:
+            times.append(self.expires_ms)
+        return min(times, default=None)
+
+
+@dataclass
+class UserAgentServer:
+    settings: UasSettings
+    make_id: Callable[[], str] = field(default=lambda: secrets.token_hex(8))
+    calls: dict[str, _Call] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.responses = ResponseCache()
+        self.failures = FailureLimiter(self.settings.max_auth_failures_per_minute)
+        self._tag_key = secrets.token_bytes(16)
+        self._branches: dict[str, str] = {}  # our BYE's branch: its call
+
+    @property
+    def live_calls(self) -> int:
+        return sum(1 for call in self.calls.values() if call.state != "ended")
+
+    # ---- the clock -----------------------------------------------------------------------
+
+    def next_deadline_ms(self) -> float | None:
+        times = [t for call in self.calls.values() if (t := call.deadline_ms) is not None]
+        return min(times, default=None)
+
+    def tick(self, now_ms: float) -> list[Action]:
+        actions: list[Action] = []
+        self.responses.prune(now_ms)
+        for call in list(self.calls.values()):
+            if call.retransmit is not None:
+                if call.retransmit.due(now_ms):
+                    actions.append(Send(call.retransmit.data, call.retransmit.addr))
+                elif call.retransmit.timed_out(now_ms):
+                    call.retransmit = None
+                    if call.state in ("answered", "confirmed") and call.waiting_ack_cseq:
+                        # Section 13.3.1.4: the 2xx was never acknowledged.
+                        call.waiting_ack_cseq = None
+                        actions += self._end(call, now_ms, "no ACK from the caller", bye=True)
+            if call.bye is not None:
+                if call.bye.due(now_ms):
+                    actions.append(Send(call.bye.data, call.bye.addr))
+                elif call.bye.timed_out(now_ms):
+                    self._forget_bye(call)
+            if call.expires_ms is not None and now_ms >= call.expires_ms:
+                if call.retransmit is None and call.bye is None:
+                    self._forget_bye(call)
+                    del self.calls[call.call_id]
+        return actions
+
+    # ---- datagrams in --------------------------------------------------------------------
+
+    def datagram(self, data: bytes, source: Addr, now_ms: float) -> list[Action]:
+        if not data.strip(b"\r\n \t\x00"):
+            return []  # a keep-alive (RFC 5626 section 3.5.1 sends CRLFs)
+        try:
+            message = parse_message(data)
+        except SipParseError as error:
+            return [Refused(source, None, f"not a SIP message: {error}")]
+        if not message.is_request:
+            return self._response(message, source)
+        missing = [name for name in _REQUIRED if message.get(name) is None]
+        try:
+            if missing:
+                raise SipParseError(f"no {', '.join(missing)} header")
+            key = transaction_key(message)
+            number, cseq_method = message.cseq
+            if cseq_method != message.method:
+                raise SipParseError(f"CSeq method {cseq_method} is not {message.method}")
+            message.call_id  # noqa: B018 - read to raise for an empty one early
+        except SipParseError as error:
+            return self._bad_request(message, source, str(error))
+        message = _with_received(message, source)
+        if message.method == "ACK":
+            return self._ack(message, number, now_ms)
+        cached = self.responses.get(key, now_ms)
+        if cached is not None:
+            return [Send(cached, self._response_addr(message, source))]
+        method = message.method
+        if method == "INVITE":
+            return self._invite(message, key, source, now_ms)
+        if method == "CANCEL":
+            return self._cancel(message, key, source, now_ms)
+        if method in ("BYE", "INFO"):
+            return self._in_dialog(message, key, source, now_ms)
+        if method == "OPTIONS":
+            return self._reply(
+                message,
+                source,
+                200,
+                key=key,
+                now_ms=now_ms,
+                headers=[("Allow", ALLOW), ("Accept", "application/sdp")],
+            )
+        if method in KNOWN_METHODS:
+            return self._refuse(
+                message, source, 405, f"{method} is not taken here", headers=[("Allow", ALLOW)]
+            )
+        return self._refuse(
+            message, source, 501, f"unknown method {method}", headers=[("Allow", ALLOW)]
+        )
+
+    # ---- the server's decisions ----------------------------------------------------------
+
+    def accept(self, call_id: str, media_host: str, media_port: int, now_ms: float) -> list[Action]:
+        """Answer an offered call with media at `media_host:media_port` (200 with the SDP)."""
+        call = self.calls.get(call_id)
+        if call is None or call.state != "offered":
+            return []  # cancelled meanwhile: nothing to answer
+        call.media_addr = (media_host, media_port)
+        call.dialog = Dialog.from_invite(call.invite, call.local_tag, call.source)
+        number, _ = call.invite.cseq
+        body = self._session_body(call, call.invite)
+        if body is None:  # the offer was checked as the INVITE came in
+            return self.reject(call_id, 488, now_ms)
+        call.state = "answered"
+        return self._send_2xx(call, call.invite, number, body, now_ms)
+
+    def reject(self, call_id: str, status: int, now_ms: float, reason: str = "") -> list[Action]:
+        """Refuse an offered call (486 busy, 503 unavailable, 404 no such agent, ...)."""
+        call = self.calls.get(call_id)
+        if call is None or call.state != "offered":
+            return []
+        response = self._final(call, status, reason)
+        actions: list[Action] = [Send(response, call.response_addr)]
+        call.retransmit = Retransmission(response, call.response_addr, now_ms)
+        call.waiting_ack_cseq = call.invite.cseq[0]
+        actions += self._end(call, now_ms, reason or f"refused with {status}")
+        return actions
+
+    def hang_up(
+        self, call_id: str, now_ms: float, reason: str = "agent ended the call"
+    ) -> list[Action]:
+        call = self.calls.get(call_id)
+        if call is None or call.state == "ended":
+            return []
+        if call.state == "offered":
+            return self.reject(call_id, 480, now_ms, reason)
+        if call.state == "answered":
+            # Section 15: no BYE before the ACK of our 2xx (or its timeout).
+            call.bye_after_ack = True
+            return []
+        return self._end(call, now_ms, reason, bye=True)
+
+    # ---- methods -------------------------------------------------------------------------
+
+    def _invite(
+        self, invite: SipMessage, key: TransactionKey, source: Addr, now_ms: float
+    ) -> list[Action]:
+        call = self.calls.get(invite.call_id)
+        if invite.to_tag is not None:
+            if call is None or call.dialog is None or not call.dialog.matches(invite):
+                return self._refuse(invite, source, 481, "re-INVITE for an unknown dialog")
+            return self._reinvite(call, invite, key, source, now_ms)
+        if call is not None:
+            if key == call.invite_key:
+                return [Send(call.last_response, call.response_addr)] if call.last_response else []
+            return self._refuse(invite, source, 482, "a second INVITE for a Call-ID in use")
+        host = source[0]
+        if not source_allowed(host, self.settings.allowed_sources):
+            return self._refuse(invite, source, 403, f"source {host} is not allowed")
+        if self.failures.blocked(host, now_ms):
+            return [Refused(source, None, f"{host} failed authentication too often")]
+        username = None
+        authenticator = self.settings.authenticator
+        if authenticator is not None:
+            verdict = authenticator.verify(
+                "INVITE", invite.get("authorization") or invite.get("proxy-authorization"), now_ms
+            )
+            if not verdict.ok:
+                if invite.get("authorization") is not None and not verdict.stale:
+                    self.failures.failed(host, now_ms)
+                return self._refuse(
+                    invite,
+                    source,
+                    401,
+                    f"authentication: {verdict.reason}",
+                    headers=authenticator.challenges(now_ms, stale=verdict.stale),
+                )
+            username = verdict.username
+        unsupported = _unsupported(invite)
+        if unsupported:
+            return self._refuse(
+                invite,
+                source,
+                420,
+                f"Require: {unsupported}",
+                headers=[("Unsupported", unsupported)],
+            )
+        if self.live_calls >= self.settings.max_calls:
+            return self._refuse(invite, source, 503, "at max_calls", headers=[("Retry-After", "5")])
+        try:
+            negotiated = _offer_of(invite)
+        except _BadOffer as bad:
+            return self._refuse(invite, source, bad.status, bad.reason, headers=bad.headers)
+        call = _Call(
+            call_id=invite.call_id,
+            invite=invite,
+            invite_key=key,
+            source=source,
+            response_addr=self._response_addr(invite, source),
+            local_tag=self.make_id(),
+            negotiated=negotiated,
+        )
+        self.calls[call.call_id] = call
+        call.last_response = build_response(invite, 100, headers=self._common())
+        return [
+            Send(call.last_response, call.response_addr),
+            IncomingCall(call.call_id, invite, source, negotiated, username),
+        ]
+
+    def _reinvite(
+        self, call: _Call, invite: SipMessage, key: TransactionKey, source: Addr, now_ms: float
+    ) -> list[Action]:
+        assert call.dialog is not None
+        if key == call.reinvite_key and call.last_response:
+            return [Send(call.last_response, call.response_addr)]
+        number, _ = invite.cseq
+        if call.state == "ended":
+            return self._refuse(invite, source, 481, "re-INVITE for an ended call")
+        if number <= call.dialog.remote_cseq:
+            return self._refuse(
+                invite, source, 500, "CSeq lower than the dialog's", headers=[("Retry-After", "1")]
+            )
+        call.dialog.remote_cseq = number
+        call.reinvite_key = key
+        try:
+            negotiated = _offer_of(invite)
+        except _BadOffer as bad:
+            # Section 14.2: a refused re-INVITE leaves the session as it was.
+            response = build_response(
+                invite, bad.status, to_tag=call.local_tag, headers=[*self._common(), *bad.headers]
+            )
+            call.last_response = response
+            return [Send(response, call.response_addr), Refused(source, bad.status, bad.reason)]
+        actions: list[Action] = []
+        if negotiated is not None:
+            call.negotiated = negotiated
+            actions.append(MediaChanged(call.call_id, negotiated))
+        body = self._session_body(call, invite)
+        if body is None:
+            return self._refuse(invite, source, 488, "re-INVITE offer not acceptable")
+        return self._send_2xx(call, invite, number, body, now_ms) + actions
+
+    def _ack(self, ack: SipMessage, number: int, now_ms: float) -> list[Action]:
+        call = self.calls.get(ack.call_id)
+        if call is None or call.waiting_ack_cseq != number:
+            return []  # a retransmitted or stray ACK: absorbed (section 17.2.1)
+        call.retransmit = None
+        call.waiting_ack_cseq = None
+        if call.state == "ended":
+            return []
+        actions: list[Action] = []
+        if call.our_offer is not None:
+            offer, call.our_offer = call.our_offer, None
+            try:
+                answer = sdp.parse_sdp(ack.body) if ack.body else None
+                if answer is None:
+                    raise sdp.SdpError("the ACK has no SDP answer to the offer in our 200")
+                call.negotiated = sdp.negotiate_answer(offer, answer)
+            except sdp.SdpError as error:
+                return self._end(call, now_ms, f"bad answer in the ACK: {error}", bye=True)
+            if call.state == "confirmed":
+                actions.append(MediaChanged(call.call_id, call.negotiated))
+        if call.state == "answered":
+            call.state = "confirmed"
+            assert call.negotiated is not None
+            actions.append(CallConfirmed(call.call_id, call.negotiated))
+            if call.bye_after_ack:
+                actions += self._end(call, now_ms, "agent ended the call", bye=True)
+        return actions
+
+    def _cancel(
+        self, cancel: SipMessage, key: TransactionKey, source: Addr, now_ms: float
+    ) -> list[Action]:
+        call = self.calls.get(cancel.call_id)
+        invite_key = (*key[:-1], "INVITE")
+        if call is None or call.invite_key != invite_key:
+            return self._refuse(cancel, source, 481, "CANCEL matches no INVITE")
+        # Section 9.2: the CANCEL's response carries the To tag the INVITE's would.
+        actions = self._reply(cancel, source, 200, key=key, now_ms=now_ms, to_tag=call.local_tag)
+        if call.state == "offered":
+            actions += self.reject(call.call_id, 487, now_ms, "caller cancelled before the answer")
+        return actions
+
+    def _in_dialog(
+        self, request: SipMessage, key: TransactionKey, source: Addr, now_ms: float
+    ) -> list[Action]:
+        call = self.calls.get(request.call_id)
+        if call is None or call.dialog is None or not call.dialog.matches(request):
+            return self._refuse(
+                request,
+                source,
+                481,
+                f"{request.method} for an unknown dialog",
+                key=key,
+                now_ms=now_ms,
+            )
+        actions = self._reply(request, source, 200, key=key, now_ms=now_ms)
+        if request.method == "BYE":
+            if call.state != "ended":
+                actions += self._end(call, now_ms, "caller hung up")
+        elif call.state != "ended":
+            digit = parse_dtmf_body(request.get("content-type") or "", request.body)
+            if digit is not None:
+                actions.append(DtmfReceived(call.call_id, digit))
+        return actions
+
+    def _response(self, response: SipMessage, source: Addr) -> list[Action]:
+        try:
+            branch = response.vias[0].branch if response.get("via") else None
+        except SipParseError:
+            branch = None
+        call_id = self._branches.get(branch or "")
+        call = self.calls.get(call_id or "")
+        if call is None or call.bye is None:
+            return [Refused(source, None, f"a response ({response.status}) that matches nothing")]
+        if (response.status or 0) >= 200:
+            self._forget_bye(call)
+        return []
+
+    # ---- building and sending ------------------------------------------------------------
+
+    def _common(self) -> list[tuple[str, str]]:
+        return [("Server", self.settings.user_agent)]
+
+    def _contact(self) -> str:
+        return f"<sip:{_host_in_uri(self.settings.host)}:{self.settings.port}>"
+
+    def _session_body(self, call: _Call, request: SipMessage) -> bytes | None:
+        """The SDP of our 2xx: the answer to the request's offer, or our offer if it had none."""
+        assert call.media_addr is not None
+        host, port = call.media_addr
+        call.sdp_version += 1
+        session_id = str(abs(hash(call.call_id)) % 10**10)
+        if request.body:
+            offer = sdp.parse_sdp(request.body)
+            negotiated = sdp.negotiate(offer)
+            return sdp.build_answer(
+                offer,
+                negotiated,
+                address=host,
+                port=port,
+                session_id=session_id,
+                version=call.sdp_version,
+            )
+        body = sdp.build_offer(
+            address=host, port=port, session_id=session_id, version=call.sdp_version
+        )
+        call.our_offer = sdp.parse_sdp(body)
+        return body
+
+    def _send_2xx(
+        self, call: _Call, request: SipMessage, number: int, body: bytes, now_ms: float
+    ) -> list[Action]:
+        headers = [
+            *self._common(),
+            *(("Record-Route", route) for route in request.get_all("record-route")),
+            ("Contact", self._contact()),
+            ("Allow", ALLOW),
+            ("Content-Type", "application/sdp"),
+        ]
+        response = build_response(request, 200, to_tag=call.local_tag, headers=headers, body=body)
+        call.last_response = response
+        call.retransmit = Retransmission(response, call.response_addr, now_ms)
+        call.waiting_ack_cseq = number
+        return [Send(response, call.response_addr)]
+
+    def _final(self, call: _Call, status: int, reason: str) -> bytes:
+        headers = self._common()
+        if reason:
+            headers = [*headers, ("Reason", f'SIP;cause={status};text="{_quoted(reason)}"')]
+        response = build_response(call.invite, status, to_tag=call.local_tag, headers=headers)
+        call.last_response = response
+        return response
+
+    def _end(self, call: _Call, now_ms: float, reason: str, *, bye: bool = False) -> list[Action]:
+        actions: list[Action] = []
+        if bye and call.dialog is not None and call.bye is None:
+            branch = self.make_id()
+            data = call.dialog.request(
+                "BYE",
+                via_host=f"{_host_in_uri(self.settings.host)}:{self.settings.port}",
+                branch=branch,
+                headers=[("User-Agent", self.settings.user_agent)],
+            )
+            destination = call.dialog.destination()
+            call.bye = Retransmission(data, destination, now_ms)
+            call.bye_branch = parse_via(data.split(b"\r\n")[1].decode()[5:]).branch
+            self._branches[call.bye_branch or ""] = call.call_id
+            actions.append(Send(data, destination))
+        if call.state != "ended":
+            call.state = "ended"
+            actions.append(CallEnded(call.call_id, reason))
+        call.expires_ms = now_ms + TIMEOUT_MS
+        return actions
+
+    def _forget_bye(self, call: _Call) -> None:
+        call.bye = None
+        if call.bye_branch is not None:
+            self._branches.pop(call.bye_branch, None)
+            call.bye_branch = None
+
+    def _response_addr(self, request: SipMessage, source: Addr) -> Addr:
+        """Section 18.2.2 with RFC 3581: to the source port if the client asked (rport), else
+        to the port in its Via, at the address the request came from."""
+        via = request.vias[0]
+        if "rport" in via.params:
+            return source
+        port = via.sent_by.rpartition(":")[2] if not via.sent_by.endswith("]") else ""
+        return (source[0], int(port) if port.isdigit() else 5060)
+
+    def _stateless_tag(self, request: SipMessage) -> str:
+        # Section 8.2.7: the same request must get the same To tag.
+        top = request.get("via") or ""
+        seed = f"{request.get('call-id')}|{request.get('from')}|{top}".encode()
+        return hashlib.blake2s(seed, key=self._tag_key, digest_size=8).hexdigest()
+
+    def _reply(
+        self,
+        request: SipMessage,
+        source: Addr,
+        status: int,
+        *,
+        key: TransactionKey | None = None,
+        now_ms: float = 0.0,
+        to_tag: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> list[Action]:
+        tag = to_tag or request.to_tag or self._stateless_tag(request)
+        response = build_response(
+            request, status, to_tag=tag, headers=[*self._common(), *(headers or [])]
+        )
+        if key is not None:
+            self.responses.put(key, response, now_ms)
+        return [Send(response, self._response_addr(request, source))]
+
+    def _refuse(
+        self,
+        request: SipMessage,
+        source: Addr,
+        status: int,
+        reason: str,
+        *,
+        headers: list[tuple[str, str]] | None = None,
+        key: TransactionKey | None = None,
+        now_ms: float = 0.0,
+    ) -> list[Action]:
+        extra = [*(headers or []), ("Warning", f'399 voice-agent "{_quoted(reason)}"')]
+        actions = self._reply(request, source, status, headers=extra, key=key, now_ms=now_ms)
+        return [*actions, Refused(source, status, f"{request.method}: {reason}")]
+
+    def _bad_request(self, request: SipMessage, source: Addr, reason: str) -> list[Action]:
+        """400 when the response can be routed (a Via that reads); otherwise dropped."""
+        if request.method == "ACK":
+            return [Refused(source, None, f"ACK: {reason}")]
+        try:
+            if not request.get("via"):
+                raise SipParseError("no Via")
+            request.vias  # noqa: B018 - the response needs them readable
+            return self._refuse(request, source, 400, reason)
+        except SipParseError:
+            return [Refused(source, None, f"{request.method}: {reason}; no Via to answer to")]
+
+
+class _BadOffer(Exception):
+    def __init__(self, status: int, reason: str, headers: list[tuple[str, str]]) -> None:
+        self.status, self.reason, self.headers = status, reason, headers
+
+
+def _offer_of(request: SipMessage) -> sdp.Negotiated | None:
+    """The request's SDP offer, negotiated; None without one. Raises _BadOffer with the
+    response to give (415 not SDP, 400 unreadable, 488 no codec in common)."""
+    if not request.body:
+        return None
+    content_type = (request.get("content-type") or "").split(";", 1)[0].strip().lower()
+    if content_type != "application/sdp":
+        raise _BadOffer(
+            415,
+            f"body of type {content_type or 'none'!r} is not SDP",
+            [("Accept", "application/sdp")],
+        )
+    try:
+        return sdp.negotiate(sdp.parse_sdp(request.body))
+    except sdp.NoCommonCodec as error:
+        raise _BadOffer(
+            488, str(error), [("Warning", '305 voice-agent "no common codec"')]
+        ) from None
+    except sdp.SdpError as error:
+        raise _BadOffer(400, f"SDP: {error}", []) from None
+
+
+def _unsupported(request: SipMessage) -> str:
+    required = {
+        tag.strip().lower()
+        for value in request.get_all("require")
+        for tag in value.split(",")
+        if tag.strip()
+    }
+    return ", ".join(sorted(required - SUPPORTED_EXTENSIONS))
+
+
+def _with_received(request: SipMessage, source: Addr) -> SipMessage:
+    """The request with `received` and `rport` filled in its top Via (section 18.2.1, RFC
+    3581), so every response built from it carries them back."""
+    for index, (name, value) in enumerate(request.headers):
+        if name != "via":
+            continue
+        via = parse_via(value)
+        host = via.sent_by.rsplit(":", 1)[0] if not via.sent_by.endswith("]") else via.sent_by
+        new = value
+        if "rport" in via.params and via.params["rport"] is None:
+            new = _RPORT.sub(f";rport={source[1]}", new, count=1)
+        if host.strip("[]") != source[0] and "received" not in via.params:
+            new = f"{new};received={source[0]}"
+        if new == value:
+            return request
+        headers = list(request.headers)
+        headers[index] = (name, new)
+        return SipMessage(
+            headers=headers, body=request.body, method=request.method, uri=request.uri
+        )
+    return request
+
+
+def _host_in_uri(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')[:200]
