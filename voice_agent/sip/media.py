@@ -63,7 +63,7 @@ class RtpSession:
         self.stats = MediaStats()
         self._signalling_host = signalling_host
         self._latched: Addr | None = None
-        self._lost = 0
+        self._concealed = 0
         self._silence = bytes([SILENCE[name]]) * (SAMPLE_RATE * FRAME_MS // 1000)
 
     @property
@@ -120,9 +120,10 @@ class RtpSession:
         payload = self.jitter.pop(now_ms)
         if payload is not None:
             return payload
-        lost = self.jitter.stats.lost
-        if lost != self._lost:
-            self._lost = lost
+        # `concealed` counts the ticks a loss left empty (not gaps skipped while refilling).
+        concealed = self.jitter.stats.concealed
+        if concealed != self._concealed:
+            self._concealed = concealed
             return self._silence
         return None
 
