@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -335,6 +335,9 @@ class ServerSettings(_Strict):
     max_cpu_percent: float | None = Field(default=None, gt=0)
 
 
+DigestAlgorithm = Literal["MD5", "SHA-256"]
+
+
 class SipSettings(_Strict):
     """SIP calls straight from a trunk or a PBX (docs/telephony.md); off unless `listen` or
     `serve --sip` gives an address."""
@@ -372,6 +375,10 @@ class SipSettings(_Strict):
     # Digest credentials for INVITEs: user name -> name of the secret holding the password.
     credentials: dict[str, str] = Field(default_factory=dict)
     realm: str = "voice-agent"
+    # Offered in this order (many clients take the first); ["SHA-256"] refuses MD5.
+    digest_algorithms: list[DigestAlgorithm] = Field(
+        default_factory=lambda: list(get_args(DigestAlgorithm)), min_length=1
+    )
     # Which agent takes a call: this header's value if present, else `numbers` for the dialled
     # user part, else an agent of that name, else the default agent.
     agent_header: str | None = None
@@ -380,6 +387,8 @@ class SipSettings(_Strict):
     headers: dict[str, str] = Field(default_factory=dict)
     # Audio sent is taken as heard this much later (network and the caller's jitter buffer).
     heard_delay_ms: float = Field(default=60.0, ge=0, le=1000)
+    # Ring (180) this long before answering; 0 answers at once.
+    answer_after_ms: float = Field(default=0.0, ge=0, le=60_000)
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -3,7 +3,7 @@ server on a free port for one of them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ import httpx
 import yaml
 
 from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.runtime.secrets import Secrets
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -31,10 +32,13 @@ def default_config_with(folder: Path, **sections: Any) -> Path:
     return path
 
 
-async def serving(config: Path) -> AsyncIterator[VoiceServer]:
-    """A VoiceServer for `config` on a free localhost port, shut down after use."""
-    registry = AgentRegistry.from_file(config)
-    voice_server = VoiceServer(registry, port=0)
+async def serving(
+    config: Path, *, sip: bool = False, secrets: Mapping[str, str] | None = None
+) -> AsyncIterator[VoiceServer]:
+    """A VoiceServer for `config` on a free localhost port, shut down after use; with `sip`,
+    also taking SIP calls on a free UDP port of 127.0.0.1 (`server.sip.port`)."""
+    registry = AgentRegistry.from_file(config, Secrets(secrets) if secrets else None)
+    voice_server = VoiceServer(registry, port=0, sip_listen="127.0.0.1:0" if sip else None)
     await voice_server.start()
     yield voice_server
     await voice_server.shutdown(1)

@@ -10,6 +10,7 @@ caller's from the jitter buffer. One wake-up for all calls rather than one per c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
@@ -249,7 +250,11 @@ class SipGateway:
         self._transport = transport
         self.port = transport.get_extra_info("sockname")[1]
         authenticator = (
-            DigestAuthenticator(self.settings.realm, self._credentials)
+            DigestAuthenticator(
+                self.settings.realm,
+                self._credentials,
+                algorithms=tuple(self.settings.digest_algorithms),
+            )
             if self._credentials
             else None
         )
@@ -383,6 +388,15 @@ class SipGateway:
                 lambda: _RtpProtocol(call), sock=sock
             )
             call.transport = transport
+            if self.settings.answer_after_ms > 0:
+                self._apply(self.uas.ringing(call.call_id))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        asyncio.shield(call.ended), self.settings.answer_after_ms / 1000
+                    )
+                if call.ended.done():
+                    reason = call.ended.result()
+                    return
             self._apply(self.uas.accept(call.call_id, self.public, call.port, self.now_ms()))
             confirmed = asyncio.ensure_future(call.confirmed.wait())
             await _first(confirmed, call.ended)
@@ -427,6 +441,9 @@ class SipGateway:
                 self.hang_up(call.call_id, reason)
         finally:
             if call.pipeline is not None:
+                if call.media is not None:
+                    # What the line carried, in the call's audit: packets, losses, strays.
+                    call.pipeline.session.audit.add("rtp", **_media_report(call.media))
                 await call.pipeline.hang_up(reason)
             if call.transport is not None:
                 call.transport.close()
@@ -478,3 +495,20 @@ class SipGateway:
 
 async def _first(*futures: asyncio.Future[Any]) -> None:
     await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+
+
+def _media_report(media: RtpSession) -> dict[str, Any]:
+    jitter = media.jitter.stats
+    return {
+        "codec": media.negotiated.codec.name,
+        "received": media.stats.received,
+        "sent": media.stats.sent,
+        "lost": jitter.lost,
+        "late": jitter.late,
+        "underruns": jitter.underruns,
+        "foreign": media.stats.foreign,
+        "unreadable": media.stats.unreadable,
+        "other_payload": media.stats.other_payload,
+        "digits": media.stats.digits,
+        "jitter_ms": round(jitter.jitter_ms, 1),
+    }

@@ -22,8 +22,11 @@ from dataclasses import dataclass
 
 NONCE_LIFETIME_MS = 300_000.0
 ALGORITHMS = {"SHA-256": hashlib.sha256, "MD5": hashlib.md5}
-# RFC 8760 section 2.4: the challenges go in the server's order of preference.
-OFFERED = ("SHA-256", "MD5")
+# RFC 8760 section 2.4: the challenges go in the server's order of preference. MD5 first: many
+# deployed clients (sipp 3.6 among them) read only the first challenge and know only MD5, and
+# since both are accepted, the order changes what clients pick, not what an attacker can use.
+# `algorithms=("SHA-256",)` takes SHA-256 only.
+OFFERED = ("MD5", "SHA-256")
 _PARAM = re.compile(r'\s*([A-Za-z0-9_-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,]+)\s*(?:,|$)')
 MAX_CREDENTIALS_CHARS = 4096
 
@@ -42,8 +45,17 @@ def _hash(algorithm: str, text: str) -> str:
 
 class DigestAuthenticator:
     def __init__(
-        self, realm: str, credentials: Mapping[str, str], *, key: bytes | None = None
+        self,
+        realm: str,
+        credentials: Mapping[str, str],
+        *,
+        algorithms: tuple[str, ...] = OFFERED,
+        key: bytes | None = None,
     ) -> None:
+        unknown = [name for name in algorithms if name not in ALGORITHMS]
+        if unknown or not algorithms:
+            raise ValueError(f"digest algorithms {unknown or 'none'} not in {sorted(ALGORITHMS)}")
+        self.algorithms = algorithms
         self.realm = realm
         self.credentials = dict(credentials)
         self._key = key if key is not None else secrets.token_bytes(32)
@@ -77,7 +89,7 @@ class DigestAuthenticator:
                 f'Digest realm="{self.realm}", nonce="{nonce}", algorithm={algorithm}, '
                 f'qop="auth"{tail}',
             )
-            for algorithm in OFFERED
+            for algorithm in self.algorithms
         ]
 
     def verify(self, method: str, authorization: str | None, now_ms: float) -> Verdict:
@@ -88,7 +100,7 @@ class DigestAuthenticator:
             return Verdict(False, reason="Authorization is not a Digest header we can read")
         username = params.get("username", "")
         algorithm = params.get("algorithm", "MD5").upper()
-        if algorithm not in ALGORITHMS:
+        if algorithm not in self.algorithms:
             return Verdict(False, username, reason=f"algorithm {algorithm[:20]!r} not offered")
         if params.get("realm") != self.realm:
             return Verdict(False, username, reason="wrong realm")

@@ -63,8 +63,10 @@ class RtpSession:
         self.stats = MediaStats()
         self._signalling_host = signalling_host
         self._latched: Addr | None = None
-        self._concealed = 0
-        self._silence = bytes([SILENCE[name]]) * (SAMPLE_RATE * FRAME_MS // 1000)
+        self._frame_bytes = SAMPLE_RATE * FRAME_MS // 1000
+        self._silence = bytes([SILENCE[name]]) * self._frame_bytes
+        self._owed = 0  # bytes of the caller's audio due to the pipeline and not yet given
+        self._heard_any = False
 
     @property
     def on_hold(self) -> bool:
@@ -115,17 +117,32 @@ class RtpSession:
         return None
 
     def heard_audio(self, now_ms: float) -> bytes | None:
-        """The caller's next 20 ms for the pipeline, once per tick: a lost packet is one
-        frame of silence, so VAD and STT keep time; None while the buffer fills."""
-        payload = self.jitter.pop(now_ms)
-        if payload is not None:
-            return payload
-        # `concealed` counts the ticks a loss left empty (not gaps skipped while refilling).
-        concealed = self.jitter.stats.concealed
-        if concealed != self._concealed:
-            self._concealed = concealed
-            return self._silence
-        return None
+        """The caller's next 20 ms for the pipeline, once per tick; None until the first packet.
+
+        The pipeline keeps time by the audio it gets, so every tick after the first packet
+        gives 20 ms: packets from the jitter buffer (one of 30 ms covers a tick and a half, so
+        any packet time works), and silence for a lost packet or while nothing comes (a phone
+        that suppresses silence sends nothing while the caller is quiet, and a turn ends on
+        silence).
+        """
+        self._owed += self._frame_bytes
+        if self._owed <= 0:
+            return None  # the last long packet covered this tick too
+        out = b""
+        while self._owed > 0:
+            payload = self.jitter.pop(now_ms)
+            if payload is None:
+                break
+            out += payload
+            self._owed -= len(payload)
+        if out:
+            self._heard_any = True
+            return out
+        if not self._heard_any:
+            self._owed = 0
+            return None
+        filler, self._owed = self._silence[: self._owed], 0
+        return filler
 
     def next_packet(self, now_ms: float) -> tuple[bytes | None, list[str]]:
         """The packet to send this tick (None on hold) and the marks now heard."""

@@ -156,8 +156,10 @@ class _Call:
     negotiated: sdp.Negotiated | None
     state: CallState = "offered"
     dialog: Dialog | None = None
-    last_response: bytes = b""  # the latest response to the INVITE (or re-INVITE) transaction
+    last_response: bytes = b""  # the latest response to the call's INVITE
+    reinvite_response: bytes = b""  # the latest response to a re-INVITE
     retransmit: Retransmission | None = None  # our 2xx or non-2xx until its ACK
+    retransmit_2xx: bool = False  # its timing out without an ACK ends the call
     waiting_ack_cseq: int | None = None
     our_offer: sdp.SessionDescription | None = None  # while the answer is due in an ACK
     reinvite_key: TransactionKey | None = None
@@ -207,7 +209,7 @@ class UserAgentServer:
                     actions.append(Send(call.retransmit.data, call.retransmit.addr))
                 elif call.retransmit.timed_out(now_ms):
                     call.retransmit = None
-                    if call.state in ("answered", "confirmed") and call.waiting_ack_cseq:
+                    if call.retransmit_2xx and call.state in ("answered", "confirmed"):
                         # Section 13.3.1.4: the 2xx was never acknowledged.
                         call.waiting_ack_cseq = None
                         actions += self._end(call, now_ms, "no ACK from the caller", bye=True)
@@ -241,7 +243,8 @@ class UserAgentServer:
             number, cseq_method = message.cseq
             if cseq_method != message.method:
                 raise SipParseError(f"CSeq method {cseq_method} is not {message.method}")
-            message.call_id  # noqa: B018 - read to raise for an empty one early
+            if not message.call_id.strip():
+                raise SipParseError("an empty Call-ID")
         except SipParseError as error:
             return self._bad_request(message, source, str(error))
         message = _with_received(message, source)
@@ -251,6 +254,16 @@ class UserAgentServer:
         if cached is not None:
             return [Send(cached, self._response_addr(message, source))]
         method = message.method
+        unsupported = _unsupported(message) if method != "CANCEL" else ""
+        if unsupported:
+            # Section 8.2.2.3: every request but ACK and CANCEL.
+            return self._refuse(
+                message,
+                source,
+                420,
+                f"Require: {unsupported}",
+                headers=[("Unsupported", unsupported)],
+            )
         if method == "INVITE":
             return self._invite(message, key, source, now_ms)
         if method == "CANCEL":
@@ -290,6 +303,21 @@ class UserAgentServer:
         call.state = "answered"
         return self._send_2xx(call, call.invite, number, body, now_ms)
 
+    def ringing(self, call_id: str) -> list[Action]:
+        """180 Ringing for an offered call: the caller hears ringback until the answer."""
+        call = self.calls.get(call_id)
+        if call is None or call.state != "offered":
+            return []
+        # The 180's To tag makes an early dialog (section 12.1.1): the caller may BYE in it.
+        call.dialog = Dialog.from_invite(call.invite, call.local_tag, call.source)
+        call.last_response = build_response(
+            call.invite,
+            180,
+            to_tag=call.local_tag,
+            headers=[*self._common(), ("Contact", self._contact())],
+        )
+        return [Send(call.last_response, call.response_addr)]
+
     def reject(self, call_id: str, status: int, now_ms: float, reason: str = "") -> list[Action]:
         """Refuse an offered call (486 busy, 503 unavailable, 404 no such agent, ...)."""
         call = self.calls.get(call_id)
@@ -298,6 +326,7 @@ class UserAgentServer:
         response = self._final(call, status, reason)
         actions: list[Action] = [Send(response, call.response_addr)]
         call.retransmit = Retransmission(response, call.response_addr, now_ms)
+        call.retransmit_2xx = False
         call.waiting_ack_cseq = call.invite.cseq[0]
         actions += self._end(call, now_ms, reason or f"refused with {status}")
         return actions
@@ -342,7 +371,8 @@ class UserAgentServer:
                 "INVITE", invite.get("authorization") or invite.get("proxy-authorization"), now_ms
             )
             if not verdict.ok:
-                if invite.get("authorization") is not None and not verdict.stale:
+                presented = invite.get("authorization") or invite.get("proxy-authorization")
+                if presented is not None and not verdict.stale:
                     self.failures.failed(host, now_ms)
                 return self._refuse(
                     invite,
@@ -352,16 +382,11 @@ class UserAgentServer:
                     headers=authenticator.challenges(now_ms, stale=verdict.stale),
                 )
             username = verdict.username
-        unsupported = _unsupported(invite)
-        if unsupported:
-            return self._refuse(
-                invite,
-                source,
-                420,
-                f"Require: {unsupported}",
-                headers=[("Unsupported", unsupported)],
-            )
-        if self.live_calls >= self.settings.max_calls:
+        # Ended calls linger 32 s for retransmissions: bounded too, against INVITE+CANCEL floods.
+        if (
+            self.live_calls >= self.settings.max_calls
+            or len(self.calls) >= 4 * self.settings.max_calls
+        ):
             return self._refuse(invite, source, 503, "at max_calls", headers=[("Retry-After", "5")])
         try:
             negotiated = _offer_of(invite)
@@ -387,11 +412,17 @@ class UserAgentServer:
         self, call: _Call, invite: SipMessage, key: TransactionKey, source: Addr, now_ms: float
     ) -> list[Action]:
         assert call.dialog is not None
-        if key == call.reinvite_key and call.last_response:
-            return [Send(call.last_response, call.response_addr)]
+        if key == call.reinvite_key and call.reinvite_response:
+            return [Send(call.reinvite_response, call.response_addr)]
         number, _ = invite.cseq
         if call.state == "ended":
             return self._refuse(invite, source, 481, "re-INVITE for an ended call")
+        if call.state != "confirmed" or (call.retransmit is not None and call.retransmit_2xx):
+            # Section 14.2: a second INVITE before the first has its final response (500 with
+            # Retry-After); taken here too until the last 2xx's ACK, one offer at a time.
+            return self._refuse(
+                invite, source, 500, "an INVITE is still under way", headers=[("Retry-After", "1")]
+            )
         if number <= call.dialog.remote_cseq:
             return self._refuse(
                 invite, source, 500, "CSeq lower than the dialog's", headers=[("Retry-After", "1")]
@@ -405,7 +436,11 @@ class UserAgentServer:
             response = build_response(
                 invite, bad.status, to_tag=call.local_tag, headers=[*self._common(), *bad.headers]
             )
-            call.last_response = response
+            call.reinvite_response = response
+            # Retransmitted until its ACK (section 17.2.1), without ending the call if none.
+            call.retransmit = Retransmission(response, call.response_addr, now_ms)
+            call.retransmit_2xx = False
+            call.waiting_ack_cseq = number
             return [Send(response, call.response_addr), Refused(source, bad.status, bad.reason)]
         actions: list[Action] = []
         if negotiated is not None:
@@ -418,8 +453,13 @@ class UserAgentServer:
 
     def _ack(self, ack: SipMessage, number: int, now_ms: float) -> list[Action]:
         call = self.calls.get(ack.call_id)
-        if call is None or call.waiting_ack_cseq != number:
-            return []  # a retransmitted or stray ACK: absorbed (section 17.2.1)
+        if (
+            call is None
+            or call.waiting_ack_cseq != number
+            or ack.to_tag != call.local_tag
+            or (ack.from_tag or "") != (call.invite.from_tag or "")
+        ):
+            return []  # a retransmitted or stray ACK, or another dialog's: absorbed
         call.retransmit = None
         call.waiting_ack_cseq = None
         if call.state == "ended":
@@ -449,6 +489,9 @@ class UserAgentServer:
     ) -> list[Action]:
         call = self.calls.get(cancel.call_id)
         invite_key = (*key[:-1], "INVITE")
+        if call is not None and call.reinvite_key == invite_key:
+            # A re-INVITE is answered at once: nothing left to cancel (section 9.2).
+            return self._reply(cancel, source, 200, key=key, now_ms=now_ms, to_tag=call.local_tag)
         if call is None or call.invite_key != invite_key:
             return self._refuse(cancel, source, 481, "CANCEL matches no INVITE")
         # Section 9.2: the CANCEL's response carries the To tag the INVITE's would.
@@ -470,9 +513,21 @@ class UserAgentServer:
                 key=key,
                 now_ms=now_ms,
             )
+        number, _ = request.cseq
+        if number < call.dialog.remote_cseq:
+            # Section 12.2.2: out of order.
+            return self._refuse(
+                request, source, 500, "CSeq lower than the dialog's", key=key, now_ms=now_ms
+            )
+        call.dialog.remote_cseq = number
         actions = self._reply(request, source, 200, key=key, now_ms=now_ms)
         if request.method == "BYE":
-            if call.state != "ended":
+            if call.state == "offered":
+                # A BYE in the early dialog (section 15): the INVITE ends with 487.
+                actions += self.reject(
+                    call.call_id, 487, now_ms, "caller hung up before the answer"
+                )
+            elif call.state != "ended":
                 actions += self._end(call, now_ms, "caller hung up")
         elif call.state != "ended":
             digit = parse_dtmf_body(request.get("content-type") or "", request.body)
@@ -535,8 +590,12 @@ class UserAgentServer:
             ("Content-Type", "application/sdp"),
         ]
         response = build_response(request, 200, to_tag=call.local_tag, headers=headers, body=body)
-        call.last_response = response
+        if request is call.invite:
+            call.last_response = response
+        else:
+            call.reinvite_response = response
         call.retransmit = Retransmission(response, call.response_addr, now_ms)
+        call.retransmit_2xx = True
         call.waiting_ack_cseq = number
         return [Send(response, call.response_addr)]
 
@@ -683,9 +742,11 @@ def _with_received(request: SipMessage, source: Addr) -> SipMessage:
         via = parse_via(value)
         host = via.sent_by.rsplit(":", 1)[0] if not via.sent_by.endswith("]") else via.sent_by
         new = value
-        if "rport" in via.params and via.params["rport"] is None:
+        asked_rport = "rport" in via.params and via.params["rport"] is None
+        if asked_rport:
             new = _RPORT.sub(f";rport={source[1]}", new, count=1)
-        if host.strip("[]") != source[0] and "received" not in via.params:
+        # RFC 3581 section 4: with rport, received is added even when it repeats the host.
+        if (asked_rport or host.strip("[]") != source[0]) and "received" not in via.params:
             new = f"{new};received={source[0]}"
         if new == value:
             return request

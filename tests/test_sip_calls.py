@@ -1,0 +1,276 @@
+"""Calls over SIP from a real peer: sipp (Debian's sip-tester) against `serve --sip` on
+127.0.0.1, with its stock scenarios and ones written for these tests (tests/fixtures/sipp/).
+
+The agent is the default one hearing with pocketsphinx's domain model, as in
+tests/test_voice_e2e.py, so a caller's scripted line comes back word for word. sipp plays the
+caller's audio from captures: its own (A-law speech, RFC 4733 digits) and ones written here
+from the project's fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from tests.support.configs import default_config_with, ended_call, serving
+from tests.support.sipp import (
+    PCAPS,
+    SippResult,
+    run_sipp,
+    scenario,
+    write_rtp_pcap,
+)
+from voice_agent.server.app import VoiceServer
+from voice_agent.sip.message import parse_message
+from voice_agent.sip.sdp import parse_sdp
+
+ROOT = Path(__file__).resolve().parent.parent
+AUDIO = ROOT / "tests" / "fixtures" / "audio"
+GREETING = (
+    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
+    "What would you like to do?"
+)
+GREETING_MS = 7000  # the greeting, spoken, with room to spare
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="sipp plays captures through raw sockets: root only"
+)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
+    config = default_config_with(
+        tmp_path_factory.mktemp("sip"), voice={"stt": {"provider": "pocketsphinx"}}
+    )
+    async for voice_server in serving(config, sip=True):
+        yield voice_server
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def guarded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
+    """Digest credentials required."""
+    config = default_config_with(
+        tmp_path_factory.mktemp("sip-auth"),
+        voice={"stt": {"provider": "pocketsphinx"}},
+        sip={"credentials": {"trunk": "sip_trunk_password"}},
+    )
+    async for voice_server in serving(
+        config, sip=True, secrets={"sip_trunk_password": "s3cret-pass"}
+    ):
+        yield voice_server
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def ringing(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
+    """1.5 s of ringing (180) before the answer."""
+    config = default_config_with(
+        tmp_path_factory.mktemp("sip-ring"),
+        voice={"stt": {"provider": "pocketsphinx"}},
+        sip={"answer_after_ms": 1500},
+    )
+    async for voice_server in serving(config, sip=True):
+        yield voice_server
+
+
+def target(server: VoiceServer) -> str:
+    assert server.sip is not None
+    return f"127.0.0.1:{server.sip.port}"
+
+
+async def last_call(server: VoiceServer) -> dict[str, Any]:
+    async with httpx.AsyncClient() as http:
+        page = (await http.get(f"http://127.0.0.1:{server.port}/calls?limit=1")).json()
+    return await ended_call(server, page["calls"][0]["call_id"])
+
+
+def messages(call: dict[str, Any], role: str) -> list[str | None]:
+    return [m.get("content") for m in call["context"]["messages"] if m["role"] == role]
+
+
+def audit(call: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [e for e in call["audit"] if e["type"] == kind]
+
+
+def received(result: SippResult) -> list[Any]:
+    """The SIP messages sipp received, parsed."""
+    parsed = []
+    for block in result.messages.split("UDP message received")[1:]:
+        text = block.split(":\n", 1)[1].split("\n-------------")[0].strip("\n")
+        data = text.replace("\r\n", "\n").replace("\n", "\r\n").encode()
+        head, _, body = data.partition(b"\r\n\r\n")
+        # The log drops the body's last line break: let the body run to the end instead.
+        lines = [
+            line for line in head.split(b"\r\n") if not line.lower().startswith(b"content-length")
+        ]
+        parsed.append(parse_message(b"\r\n".join(lines) + b"\r\n\r\n" + body))
+    return parsed
+
+
+def speech_pcap(folder: Path, name: str, *, payload_type: int = 0) -> Path:
+    """A fixture line as the caller's RTP, after half a second of the line's quiet (a phone
+    sends audio all along; the line is not cut out of silence)."""
+    path = folder / f"{name}.pcap"
+    audio = (AUDIO / f"{name}.ulaw").read_bytes()
+    write_rtp_pcap(path, audio, payload_type=payload_type, lead_in_ms=500)
+    return path
+
+
+async def test_sipps_stock_caller_is_answered_and_hangs_up(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """sipp's stock `uac`: PCMU offered, no RTP, BYE 3 s in, mid-greeting: the greeting is
+    committed as far as it had been sent, no further."""
+    result = await run_sipp(target(server), tmp_path, stock="uac", extra=["-d", "3000"])
+    assert result.ok, result.stderr + result.messages
+    ok = next(m for m in received(result) if m.status == 200 and m.cseq[1] == "INVITE")
+    answer = parse_sdp(ok.body)
+    assert [c.name for c in answer.streams[0].codecs] == ["PCMU"]
+    call = await last_call(server)
+    assert call["transport"] == "sip"
+    assert call["end_reason"] == "caller hung up"
+    greeting = audit(call, "agent_utterance")[0]
+    assert greeting["generated"] == GREETING
+    assert greeting["committed"] != GREETING and GREETING.startswith(greeting["committed"])
+    assert len(greeting["committed"]) > 10
+
+
+@needs_root
+async def test_sipps_stock_pcap_caller_talks_in_a_law_and_presses_a_key(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """sipp's stock `uac_pcap`: PCMA and telephone-event 101 only; plays an A-law capture,
+    then RFC 4733 digit 1, then hangs up. The key reaches the agent's dtmf trigger."""
+    (tmp_path / "pcap").symlink_to(PCAPS)
+    result = await run_sipp(target(server), tmp_path, stock="uac_pcap")
+    assert result.ok, result.stderr + result.messages
+    ok = next(m for m in received(result) if m.status == 200 and m.cseq[1] == "INVITE")
+    codecs = [c.name for c in parse_sdp(ok.body).streams[0].codecs]
+    assert codecs == ["PCMA", "TELEPHONE-EVENT"]
+    call = await last_call(server)
+    triggers = audit(call, "trigger")
+    assert [t["function"] for t in triggers] == ["on_keypad"]
+
+
+@needs_root
+async def test_a_pcmu_caller_books_a_table_and_presses_a_key(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """The caller waits for the greeting, says its line, presses 0 and hangs up: the line is
+    transcribed as said, the agent answers it, and the key reaches the trigger."""
+    xml = scenario(
+        "talk", tmp_path,
+        before_ms=str(GREETING_MS - 500), speech=str(speech_pcap(tmp_path, "joe_book1")),
+        talk_ms="9000", dtmf=str(PCAPS / "dtmf_2833_0.pcap"), after_ms="6000",
+    )  # fmt: skip
+    result = await run_sipp(target(server), tmp_path, scenario_file=xml)
+    assert result.ok, result.stderr + result.messages
+    call = await last_call(server)
+    (rtp,) = audit(call, "rtp")
+    assert rtp["received"] > 150 and rtp["lost"] == 0, rtp
+    assert messages(call, "user")[0] == "i would like to book a table for two tomorrow at seven pm"
+    assistant = messages(call, "assistant")
+    assert assistant[0] == GREETING
+    assert assistant[1] == "What name should I put the booking under?"
+    assert [t["function"] for t in audit(call, "trigger")] == ["on_keypad"]
+    assert call["end_reason"] == "caller hung up"
+
+
+@needs_root
+async def test_talking_over_the_greeting_commits_only_what_was_heard(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """Barge-in on SIP: the server owns the playout, so the committed greeting is what had
+    been sent (less the jitter allowance) when the caller cut in: a prefix of it."""
+    xml = scenario(
+        "talk", tmp_path,
+        before_ms="1500", speech=str(speech_pcap(tmp_path, "joe_book1")),
+        talk_ms="8000", dtmf=str(PCAPS / "dtmf_2833_0.pcap"), after_ms="500",
+    )  # fmt: skip
+    result = await run_sipp(target(server), tmp_path, scenario_file=xml)
+    assert result.ok, result.stderr + result.messages
+    call = await last_call(server)
+    greeting = audit(call, "agent_utterance")[0]
+    assert greeting["generated"] == GREETING
+    committed = messages(call, "assistant")[0] or ""
+    assert committed and committed != GREETING and GREETING.startswith(committed)
+
+
+async def test_a_call_without_an_offer_gets_ours_and_answers_in_the_ack(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    xml = scenario("delayed_offer", tmp_path, talk_ms="2000")
+    result = await run_sipp(target(server), tmp_path, scenario_file=xml)
+    assert result.ok, result.stderr + result.messages
+    ok = next(m for m in received(result) if m.status == 200 and m.cseq[1] == "INVITE")
+    offer = parse_sdp(ok.body)
+    assert [c.name for c in offer.streams[0].codecs] == ["PCMU", "PCMA", "TELEPHONE-EVENT"]
+    call = await last_call(server)
+    assert call["transport"] == "sip" and call["end_reason"] == "caller hung up"
+
+
+async def test_hold_and_resume_are_answered_in_the_dialog(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    xml = scenario("hold", tmp_path, before_ms="1000", hold_ms="1500", after_ms="1000")
+    result = await run_sipp(target(server), tmp_path, scenario_file=xml)
+    assert result.ok, result.stderr + result.messages
+    answers = [
+        parse_sdp(m.body).streams[0].direction
+        for m in received(result)
+        if m.status == 200 and m.cseq[1] == "INVITE"
+    ]
+    assert answers == ["sendrecv", "recvonly", "sendrecv"]
+
+
+async def test_a_trunks_options_probe_is_answered(server: VoiceServer, tmp_path: Path) -> None:
+    result = await run_sipp(target(server), tmp_path, scenario_file=scenario("options", tmp_path))
+    assert result.ok, result.stderr + result.messages
+    (ok,) = received(result)
+    assert ok.status == 200 and "INVITE" in (ok.get("allow") or "")
+
+
+async def test_the_caller_hangs_up_while_it_rings(ringing: VoiceServer, tmp_path: Path) -> None:
+    """CANCEL before the answer: 200 for the CANCEL, 487 for the INVITE, no call started."""
+    async with httpx.AsyncClient() as http:
+        before = (await http.get(f"http://127.0.0.1:{ringing.port}/calls")).json()["total"]
+    xml = scenario("cancel", tmp_path)
+    result = await run_sipp(target(ringing), tmp_path, scenario_file=xml)
+    assert result.ok, result.stderr + result.messages
+    statuses = [m.status for m in received(result)]
+    assert 487 in statuses
+    async with httpx.AsyncClient() as http:
+        after = (await http.get(f"http://127.0.0.1:{ringing.port}/calls")).json()["total"]
+    assert after == before
+
+
+async def test_a_trunk_with_the_right_password_gets_in(
+    guarded: VoiceServer, tmp_path: Path
+) -> None:
+    xml = scenario("auth", tmp_path, talk_ms="1000")
+    result = await run_sipp(
+        target(guarded), tmp_path, scenario_file=xml, extra=["-au", "trunk", "-ap", "s3cret-pass"]
+    )
+    assert result.ok, result.stderr + result.messages
+    call = await last_call(guarded)
+    assert call["transport"] == "sip"
+
+
+async def test_a_wrong_password_is_challenged_again_and_starts_no_call(
+    guarded: VoiceServer, tmp_path: Path
+) -> None:
+    async with httpx.AsyncClient() as http:
+        before = (await http.get(f"http://127.0.0.1:{guarded.port}/calls")).json()["total"]
+    xml = scenario("auth_refused", tmp_path)
+    result = await run_sipp(
+        target(guarded), tmp_path, scenario_file=xml, extra=["-au", "trunk", "-ap", "guess"]
+    )
+    assert result.ok, result.stderr + result.messages
+    async with httpx.AsyncClient() as http:
+        after = (await http.get(f"http://127.0.0.1:{guarded.port}/calls")).json()["total"]
+    assert after == before
