@@ -26,6 +26,9 @@ from tests.support.sipp import (
     scenario,
     write_rtp_pcap,
 )
+from voice_agent.audio.g711 import ulaw_encode
+from voice_agent.audio.resample import resample
+from voice_agent.engines.tts import TtsConfig, make_tts
 from voice_agent.server.app import VoiceServer
 from voice_agent.sip.message import parse_message
 from voice_agent.sip.sdp import parse_sdp
@@ -199,6 +202,37 @@ async def test_talking_over_the_greeting_commits_only_what_was_heard(
     assert greeting["generated"] == GREETING
     committed = messages(call, "assistant")[0] or ""
     assert committed and committed != GREETING and GREETING.startswith(committed)
+
+
+async def spoken_ulaw(text: str) -> bytes:
+    """`text` in the Piper joe voice the fixtures use, as 8 kHz mu-law."""
+    tts = make_tts(TtsConfig(provider="piper"))
+    try:
+        pcm = b"".join([chunk.pcm async for chunk in tts.synthesize(text)])
+        return ulaw_encode(resample(pcm, tts.sample_rate, 8000))
+    finally:
+        await tts.aclose()
+
+
+@needs_root
+async def test_the_agent_hangs_up_with_a_bye_after_the_caller_says_goodbye(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """The goodbye route's end_call: the agent says its line, then the server sends BYE."""
+    pcap = tmp_path / "goodbye.pcap"
+    write_rtp_pcap(pcap, await spoken_ulaw("Goodbye."), payload_type=0, lead_in_ms=500)
+    xml = scenario(
+        "server_bye", tmp_path,
+        before_ms=str(GREETING_MS - 500), speech=str(pcap), bye_timeout_ms="20000",
+    )  # fmt: skip
+    result = await run_sipp(target(server), tmp_path, scenario_file=xml)
+    assert result.ok, result.stderr + result.messages
+    bye = next(m for m in received(result) if m.method == "BYE")
+    assert bye.uri == "sip:sipp@127.0.0.1:" + bye.uri.rsplit(":", 1)[1]  # the caller's Contact
+    call = await last_call(server)
+    assert messages(call, "user") == ["goodbye"]
+    assert messages(call, "assistant")[-1] == "Thanks for calling Bella Vista. Goodbye!"
+    assert call["end_reason"] != "caller hung up"
 
 
 async def test_a_call_without_an_offer_gets_ours_and_answers_in_the_ack(
