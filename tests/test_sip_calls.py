@@ -9,7 +9,11 @@ from the project's fixtures.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
+import socket
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -308,3 +312,111 @@ async def test_a_wrong_password_is_challenged_again_and_starts_no_call(
     async with httpx.AsyncClient() as http:
         after = (await http.get(f"http://127.0.0.1:{guarded.port}/calls")).json()["total"]
     assert after == before
+
+
+class _Probe:
+    """A UDP socket of the test's, sending to the server and reading what it answers."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, 0))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+
+    async def exchange(
+        self, data: bytes, to: tuple[str, int], wait_s: float = 1.0, tries: int = 3
+    ) -> bytes | None:
+        """Send `data`, again as a SIP client would if nothing comes back (UDP may drop it);
+        the first datagram back, or None."""
+        loop = asyncio.get_running_loop()
+        for _ in range(tries):
+            await loop.sock_sendto(self.sock, data, to)
+            try:
+                return await asyncio.wait_for(loop.sock_recv(self.sock, 70_000), wait_s / tries)
+            except TimeoutError:
+                continue
+        return None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _request(method: str, port: int, *, call_id: str, to_tag: str = "", body: bytes = b"",
+             content_type: str = "application/sdp") -> bytes:  # fmt: skip
+    tag = f";tag={to_tag}" if to_tag else ""
+    head = (
+        f"{method} sip:booking@127.0.0.1 SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK{random.getrandbits(40):x};rport\r\n"
+        f"From: <sip:fuzz@127.0.0.1:{port}>;tag=f{random.getrandbits(24):x}\r\n"
+        f"To: <sip:booking@127.0.0.1>{tag}\r\n"
+        f"Call-ID: {call_id}\r\nCSeq: 7 {method}\r\nMax-Forwards: 70\r\n"
+        f"Contact: <sip:fuzz@127.0.0.1:{port}>\r\n"
+        + (f"Content-Type: {content_type}\r\n" if body else "")
+        + f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def test_a_call_goes_on_while_its_ports_are_fuzzed(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """Garbage, truncated and oversized datagrams, bad SDP, unknown methods, wrong Call-IDs and
+    tags, stray responses, RTP from a stranger: each gets the answer RFC 3261 asks for or is
+    dropped, the call in progress completes, and the server keeps no state for any of it."""
+    gateway = server.sip
+    assert gateway is not None and gateway.uas is not None
+    sip_addr = ("127.0.0.1", gateway.port)
+    call = asyncio.ensure_future(
+        run_sipp(target(server), tmp_path, stock="uac", extra=["-d", "8000"])
+    )
+    async with asyncio.timeout(10):
+        while not any(c.media is not None for c in gateway.calls.values()):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # a condition wait: until the call's media is set up
+    (live,) = gateway.calls.values()
+    assert live.port is not None
+    probe, noise, stranger = _Probe(), _Probe(), _Probe("127.0.0.2")
+    rng = random.Random(17)
+    try:
+        invite = _request("INVITE", probe.port, call_id="fuzz-1", body=b"v=0\r\nm=audio")
+        stray = b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 1.2.3.4;branch=z9hG4bKnope\r\n\r\n"
+
+        async def status(data: bytes) -> int | None:
+            reply = await probe.exchange(data, sip_addr)
+            return parse_message(reply).status if reply else None
+
+        loop = asyncio.get_running_loop()
+        # The call's RTP port: a stranger's packets and garbage are not heard.
+        rtp = struct.pack(">BBHII", 0x80, 0, 1, 160, 0xBAD) + b"\x00" * 160
+        for _ in range(50):
+            await loop.sock_sendto(stranger.sock, rtp, ("127.0.0.1", live.port))
+            await loop.sock_sendto(noise.sock, rng.randbytes(40), ("127.0.0.1", live.port))
+        # Unreadable: dropped, no answer to a sender that may not exist.
+        for _ in range(300):
+            await loop.sock_sendto(probe.sock, rng.randbytes(rng.randrange(1, 1500)), sip_addr)
+        await loop.sock_sendto(probe.sock, invite[: len(invite) // 3], sip_addr)  # truncated
+        await loop.sock_sendto(probe.sock, b"INVITE " + b"x" * 65_000, sip_addr)  # oversized
+        await loop.sock_sendto(probe.sock, stray, sip_addr)  # a response to nothing
+        assert await status(_request("OPTIONS", probe.port, call_id="fuzz-0")) == 200  # first
+        # Readable, refused as the RFC says.
+        assert await status(invite) == 400  # SDP that does not read
+        assert await status(_request("FROB", probe.port, call_id="fuzz-2")) == 501
+        assert await status(_request("BYE", probe.port, call_id="no-such-call")) == 481
+        assert await status(_request("BYE", probe.port, call_id=live.call_id, to_tag="x")) == 481
+        assert await status(_request("INFO", probe.port, call_id=live.call_id, to_tag="y")) == 481
+        not_sdp = _request(
+            "INVITE", probe.port, call_id="fuzz-3", body=b"hi", content_type="text/plain"
+        )
+        assert await status(not_sdp) == 415
+        assert not live.ended.done()
+    finally:
+        for sock in (probe, noise, stranger):
+            sock.close()
+    result = await call
+    assert result.ok, result.stderr + result.messages
+    record = await last_call(server)
+    assert record["end_reason"] == "caller hung up"
+    (report,) = audit(record, "rtp")
+    assert report["foreign"] == 50 and report["received"] == 0, report
+    # Nothing kept for the refusals: only the call just ended, lingering for retransmissions.
+    assert [c.state for c in gateway.uas.calls.values()] == ["ended"]
+    assert len(gateway.uas.responses) <= 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -400,6 +401,33 @@ def split_host_port(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class AudioSocketRoute(_Strict):
+    agent: str | None = None  # None: the default agent
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class AudioSocketSettings(_Strict):
+    """Asterisk AudioSocket calls (AudioSocket() / Dial(AudioSocket/...)); off unless `listen`."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, value: dict[str, AudioSocketRoute]) -> dict[str, AudioSocketRoute]:
+        for key in value:
+            uuid.UUID(key)  # ValueError names it
+        return value
+
+    listen: str | None = None  # "HOST:PORT", e.g. "10.0.0.5:9092"
+    # The call's UUID (the dialplan's ${UUID} or a fixed one per agent) -> agent and args.
+    routes: dict[str, AudioSocketRoute] = Field(default_factory=dict)
+
+
 class Config(_Strict):
     default_agent: str
     agents: dict[str, AgentConfig]
@@ -407,6 +435,7 @@ class Config(_Strict):
     webrtc: WebRtcSettings = WebRtcSettings()
     server: ServerSettings = ServerSettings()
     sip: SipSettings = SipSettings()
+    audiosocket: AudioSocketSettings = AudioSocketSettings()
 
 
 def _check_references(config: Config, file: str) -> None:
@@ -418,6 +447,20 @@ def _check_references(config: Config, file: str) -> None:
             file=file,
             key="default_agent",
         )
+    for key, route in config.audiosocket.routes.items():
+        if route.agent is not None and route.agent not in config.agents:
+            raise ConfigError(
+                f"audiosocket route {key} names agent {route.agent!r}, which is not an agent",
+                file=file,
+                key=f"audiosocket.routes.{key}.agent",
+            )
+    for number, agent_name in config.sip.numbers.items():
+        if agent_name not in config.agents:
+            raise ConfigError(
+                f"sip number {number} names agent {agent_name!r}, which is not an agent",
+                file=file,
+                key=f"sip.numbers.{number}",
+            )
     for name, agent in config.agents.items():
         for index, target in enumerate(agent.transitions):
             if target not in config.agents:

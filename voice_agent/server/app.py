@@ -49,6 +49,7 @@ from voice_agent.server.admission import (
     CpuSampler,
     RefusalReport,
 )
+from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
@@ -174,6 +175,18 @@ class VoiceServer:
                 on_refused=lambda refused: self.metrics.sip_request_refused(refused.status),
             )
             if listen
+            else None
+        )
+        audiosocket = registry.loaded.config.audiosocket
+        self.audiosocket = (
+            AudioSocketServer(
+                audiosocket.listen,
+                start_call=self.start_call,
+                admit=self.refuse_call,
+                routes={key: (r.agent, r.args) for key, r in audiosocket.routes.items()},
+                reuse_port=reuse_port,
+            )
+            if audiosocket.listen
             else None
         )
         server_settings = registry.loaded.config.server
@@ -578,6 +591,8 @@ class VoiceServer:
             self.port = sockets[0].getsockname()[1]
         if self.sip is not None:
             await self.sip.start()
+        if self.audiosocket is not None:
+            await self.audiosocket.start()
         if self.shared_metrics is not None:
             self.shared_metrics.start()
 
@@ -607,6 +622,8 @@ class VoiceServer:
                 await pipeline.hang_up("server shutting down")
         if self.sip is not None:
             await self.sip.stop()
+        if self.audiosocket is not None:
+            await self.audiosocket.stop()
         await self._server.wait_closed()
         await self.store.aclose()
         for engine in {*self._shared_tts.values(), *self._shared_stt.values()}:

@@ -34,6 +34,7 @@ log = logging.getLogger("voice_agent.server")
 StartCall = Callable[..., Awaitable[CallPipeline]]
 Admit = Callable[[str], "str | None"]  # where the call comes in -> why it is refused, or None
 TRANSPORT = "sip"
+SIP_RECEIVE_BUFFER = 4 * 1024 * 1024  # bytes; the kernel caps it at net.core.rmem_max
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,12 @@ class SipGateway:
             lambda: _SignalProtocol(self), local_addr=(self.host, self.port)
         )
         self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # Room for a burst (a trunk's OPTIONS and INVITEs at once, a scan): the kernel
+            # drops what does not fit while the loop is busy.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SIP_RECEIVE_BUFFER)
         self.port = transport.get_extra_info("sockname")[1]
         authenticator = (
             DigestAuthenticator(

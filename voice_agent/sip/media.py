@@ -101,20 +101,26 @@ class RtpSession:
         except RtpError:
             self.stats.unreadable += 1
             return None
-        self.stats.received += 1
-        self._latched = source
         payload_type = packet.payload_type
+        event = self.negotiated.telephone_event
         if payload_type == self.negotiated.codec.payload_type:
+            self._from(source)
             self.jitter.push(packet, now_ms)
             return None
-        event = self.negotiated.telephone_event
         if event is not None and payload_type == event.payload_type:
+            self._from(source)
             digit = self.dtmf.feed(packet)
             if digit is not None:
                 self.stats.digits += 1
             return digit
         self.stats.other_payload += 1
         return None
+
+    def _from(self, source: Addr) -> None:
+        # Only a packet of the answer's payload types moves where ours go: stray bytes that
+        # happen to read as RTP do not.
+        self.stats.received += 1
+        self._latched = source
 
     def heard_audio(self, now_ms: float) -> bytes | None:
         """The caller's next 20 ms for the pipeline, once per tick; None until the first packet.
