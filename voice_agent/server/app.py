@@ -173,6 +173,7 @@ class VoiceServer:
                 agents=registry.agents,
                 secrets=registry.secrets,
                 on_refused=lambda refused: self.metrics.sip_request_refused(refused.status),
+                max_failed_auth_per_minute=registry.loaded.config.server.max_failed_auth_per_minute,
             )
             if listen
             else None

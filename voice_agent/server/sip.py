@@ -195,6 +195,7 @@ class SipGateway:
         agents: Mapping[str, Any],
         secrets: Mapping[str, str],
         on_refused: Callable[[sip.Refused], None] | None = None,
+        max_failed_auth_per_minute: int = 10,
     ) -> None:
         self.settings = settings
         try:
@@ -213,6 +214,7 @@ class SipGateway:
         self._admit = admit
         self._agents = agents
         self._on_refused = on_refused
+        self._max_failures = max_failed_auth_per_minute
         credentials = {}
         for user, secret in settings.credentials.items():
             if secret not in secrets:
@@ -271,6 +273,7 @@ class SipGateway:
                 port=self.port,
                 allowed_sources=self._networks,
                 authenticator=authenticator,
+                max_auth_failures_per_minute=self._max_failures,
             )
         )
         log.info("SIP on udp %s:%d (contact %s)", self.host, self.port, self.public)
