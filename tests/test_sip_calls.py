@@ -14,14 +14,17 @@ import os
 import random
 import socket
 import struct
+import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import pytest_asyncio
 
+from tests.support.baresip import Baresip, write_line
 from tests.support.configs import default_config_with, ended_call, serving
 from tests.support.sipp import (
     PCAPS,
@@ -30,10 +33,15 @@ from tests.support.sipp import (
     scenario,
     write_rtp_pcap,
 )
-from voice_agent.audio.g711 import ulaw_encode
+from tests.support.speech_eval import transcribe
+from voice_agent.audio.g711 import ulaw_decode, ulaw_encode
 from voice_agent.audio.resample import resample
+from voice_agent.engines.stt import SttConfig, make_stt
+from voice_agent.engines.stt.scoring import spoken_words
 from voice_agent.engines.tts import TtsConfig, make_tts
+from voice_agent.runtime.audit import AuditEvent
 from voice_agent.server.app import VoiceServer
+from voice_agent.server.pipeline import CallPipeline
 from voice_agent.sip.message import parse_message
 from voice_agent.sip.sdp import parse_sdp
 
@@ -80,6 +88,18 @@ async def ringing(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voi
         tmp_path_factory.mktemp("sip-ring"),
         voice={"stt": {"provider": "pocketsphinx"}},
         sip={"answer_after_ms": 1500},
+    )
+    async for voice_server in serving(config, sip=True):
+        yield voice_server
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def piper_voiced(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
+    """The agent speaking with Piper's joe voice: what the caller records is transcribed, and
+    Whisper tiny.en reads eSpeak's voice poorly (docs/performance.md)."""
+    config = default_config_with(
+        tmp_path_factory.mktemp("sip-piper"),
+        voice={"stt": {"provider": "pocketsphinx"}, "tts": {"provider": "piper"}},
     )
     async for voice_server in serving(config, sip=True):
         yield voice_server
@@ -420,3 +440,104 @@ async def test_a_call_goes_on_while_its_ports_are_fuzzed(
     # Nothing kept for the refusals: only the call just ended, lingering for retransmissions.
     assert [c.state for c in gateway.uas.calls.values()] == ["ended"]
     assert len(gateway.uas.responses) <= 5
+
+
+async def _new_pipeline(server: VoiceServer, known: set[str]) -> CallPipeline:
+    async with asyncio.timeout(15):
+        while not set(server.pipelines) - known:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # a condition wait: until baresip's call has started
+    (call_id,) = set(server.pipelines) - known
+    return server.pipelines[call_id]
+
+
+class _Audit:
+    """A live call's audit events as they happen, to wait on."""
+
+    def __init__(self, pipeline: CallPipeline) -> None:
+        self.queue: asyncio.Queue[AuditEvent] = asyncio.Queue()
+        pipeline.session.audit.subscribe(self.queue.put_nowait)
+
+    async def until(self, kind: str, timeout_s: float = 30.0) -> AuditEvent:
+        async with asyncio.timeout(timeout_s):
+            while (event := await self.queue.get()).type != kind:
+                pass
+        return event
+
+
+def _spoken_parts(pcm: bytes, rate: int = 8000) -> list[bytes]:
+    """The stretches of a recording between pauses of 600 ms or more, as 16 kHz PCM."""
+    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32)
+    frame = rate // 50
+    loud = [
+        float(np.sqrt(np.mean(samples[i : i + frame] ** 2))) > 300
+        for i in range(0, len(samples) - frame, frame)
+    ]
+    parts, start, quiet = [], None, 0
+    for index, is_loud in enumerate([*loud, *([False] * 30)]):
+        if is_loud:
+            start = index if start is None else start
+            quiet = 0
+        elif start is not None:
+            quiet += 1
+            if quiet >= 30:
+                end = index - quiet + 1
+                parts.append(resample(pcm[start * frame * 2 : end * frame * 2], rate, 16000))
+                start, quiet = None, 0
+    return parts
+
+
+async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
+    piper_voiced: VoiceServer, tmp_path: Path
+) -> None:
+    """baresip calls, presses 0 (the opening hours), books a table, cuts the read-back short
+    with its "yes", says "no thanks" and is hung up on; what it recorded of the agent is
+    transcribed and holds the agent's lines, and the context holds only the heard part of the
+    read-back."""
+    server = piper_voiced
+    phone = Baresip(tmp_path)
+    lines = {
+        name: write_line(
+            tmp_path / f"{name}.wav", ulaw_decode((AUDIO / f"{name}.ulaw").read_bytes())
+        )
+        for name in ("joe_book1", "joe_book2", "joe_book3", "joe_book4", "joe_book5")
+    }
+    await phone.start()
+    try:
+        known = set(server.pipelines)
+        await phone.dial(f"sip:booking@{target(server)}")
+        pipeline = await _new_pipeline(server, known)
+        audit_events = _Audit(pipeline)
+        await audit_events.until("agent_utterance")  # the greeting, played out
+        await phone.press("0")
+        await audit_events.until("agent_utterance")  # the opening hours
+        for name in ("joe_book1", "joe_book2"):
+            await phone.say(lines[name])
+            await audit_events.until("agent_utterance")
+        await phone.say(lines["joe_book3"])  # the phone number: the agent reads the booking back
+        await audit_events.until("turn_metrics")  # its first audio is out
+        await asyncio.sleep(2.0)  # the caller listens to two seconds of it, then says yes
+        await phone.say(lines["joe_book4"])
+        read_back = await audit_events.until("agent_utterance")
+        await audit_events.until("agent_utterance")  # the booking is made
+        await phone.say(lines["joe_book5"])
+        await asyncio.wait_for(pipeline.finished.wait(), 30)
+    finally:
+        await phone.close()
+    call = await last_call(server)
+    assert call["end_reason"] == "agent ended the call"
+    assert [t["function"] for t in audit(call, "trigger")] == ["on_keypad"]
+    assert call["state"]["phone"] == "88005553535" and call["state"]["party_size"] == 2
+    with wave.open(str(phone.heard())) as heard:
+        recording = heard.readframes(heard.getnframes())
+    stt = make_stt(SttConfig(provider="whisper", model="tiny.en", processes=1))
+    try:
+        said = " ".join([await transcribe(stt, part) for part in _spoken_parts(recording)])
+    finally:
+        await stt.aclose()
+    said = " ".join(spoken_words(said))
+    assert read_back.data["interrupted"], read_back.data
+    committed = read_back.data["committed"]
+    assert committed and read_back.data["generated"].startswith(committed)
+    assert committed in [m for m in messages(call, "assistant") if m]
+    for expected in ("thanks for calling bella vista", "open every day", "what name", "goodbye"):
+        assert expected in said, said

@@ -1,0 +1,131 @@
+"""baresip (Debian's baresip-core) as a caller: a softphone that dials the server, says lines
+from WAV files (its `aufile` source, switched mid-call), presses keys, and records what it
+hears (its `sndfile` filter writes the decoded audio of the call to a WAV).
+
+It is driven over its `ctrl_tcp` module: netstring-framed JSON commands, the same as its menu's
+(`dial`, `ausrc`, `sndcode`, `hangup`). baresip 1.0 hangs up when its audio source reaches the
+end of a file, so every line is written with a long tail of silence, and the call starts on a
+long silent file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import wave
+from pathlib import Path
+
+from tests.support.sipp import free_udp_port
+
+BARESIP = shutil.which("baresip")
+MODULES = Path("/usr/lib/baresip/modules")
+RATE = 8000
+TAIL_S = 120  # silence after each line: longer than any call here
+
+
+def write_line(path: Path, pcm: bytes) -> Path:
+    """8 kHz PCM16 mono (what aufile takes) with TAIL_S of silence after it."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(pcm + bytes(2 * RATE * TAIL_S))
+    return path
+
+
+class Baresip:
+    def __init__(self, folder: Path) -> None:
+        assert BARESIP is not None, "baresip is missing: scripts/test installs baresip-core"
+        self.folder = folder
+        self.recordings = folder / "heard"
+        self.recordings.mkdir(parents=True, exist_ok=True)
+        self.control_port = free_udp_port()  # a free number; TCP on it is as likely free
+        self.sip_port = free_udp_port()
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self.log = folder / "baresip.log"
+
+    async def start(self) -> None:
+        silence = write_line(self.folder / "silence.wav", b"")
+        config = f"""
+poll_method epoll
+sip_listen 127.0.0.1:{self.sip_port}
+audio_player aubridge,heard
+audio_alert aubridge,heard
+audio_source aufile,{silence}
+ausrc_srate {RATE}
+auplay_srate {RATE}
+ausrc_channels 1
+auplay_channels 1
+jitter_buffer_delay 5-10
+audio_buffer 20-160
+module_path {MODULES}
+module g711.so
+module aufile.so
+module aubridge.so
+module sndfile.so
+module account.so
+module_app menu.so
+module_app ctrl_tcp.so
+ctrl_tcp_listen 127.0.0.1:{self.control_port}
+snd_path {self.recordings}
+rtp_ports 40000-40999
+"""
+        (self.folder / "config").write_text(config)
+        account = f"<sip:caller@127.0.0.1:{self.sip_port}>;regint=0;audio_codecs=PCMU"
+        (self.folder / "accounts").write_text(account + "\n")
+        self._process = await asyncio.create_subprocess_exec(
+            BARESIP, "-f", str(self.folder),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=self.log.open("wb"),
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    self._reader, self._writer = await asyncio.open_connection(
+                        "127.0.0.1", self.control_port
+                    )
+                    return
+                except OSError:
+                    await asyncio.sleep(0.1)  # until baresip listens
+
+    async def command(self, name: str, params: str = "") -> dict[str, object]:
+        """One command; baresip's response to it (events in between are skipped)."""
+        assert self._writer is not None and self._reader is not None
+        data = json.dumps({"command": name, "params": params, "token": name}).encode()
+        self._writer.write(str(len(data)).encode() + b":" + data + b",")
+        await self._writer.drain()
+        async with asyncio.timeout(10):
+            while True:
+                length = int((await self._reader.readuntil(b":"))[:-1])
+                message = json.loads(await self._reader.readexactly(length))
+                await self._reader.readexactly(1)  # the netstring's ","
+                if message.get("response") and message.get("token") == name:
+                    return dict(message)
+
+    async def dial(self, uri: str) -> None:
+        await self.command("dial", uri)
+
+    async def say(self, wav: Path) -> None:
+        await self.command("ausrc", f"aufile,{wav}")
+
+    async def press(self, digit: str) -> None:
+        await self.command("sndcode", digit)
+
+    async def hang_up(self) -> None:
+        await self.command("hangup")
+
+    def heard(self) -> Path:
+        """The WAV of what baresip received (the agent), once the call is over."""
+        (path,) = self.recordings.glob("*-dec.wav")
+        return path
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._process is not None and self._process.returncode is None:
+            self._process.terminate()
+            await self._process.wait()
