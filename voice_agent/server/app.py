@@ -1,7 +1,9 @@
 """The voice server: one asyncio process, HTTP and WebSocket on one port (the `websockets` server).
 
 HTTP: /healthz, /calls, /calls/{id}, /agents and the browser call page (/ and /static/).
-WebSocket: /twilio (Twilio Media Streams), /ws (native) and /rtc (WebRTC signalling).
+WebSocket: /twilio (Twilio Media Streams), /ws (native), /rtc (WebRTC signalling) and /asterisk
+(Asterisk chan_websocket). SIP and AudioSocket have listeners of their own (server/sip.py,
+server/audiosocket.py).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from voice_agent.server.admission import (
     CpuSampler,
     RefusalReport,
 )
+from voice_agent.server.asterisk_ws import asterisk_endpoint
 from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
@@ -69,7 +72,7 @@ from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
 from voice_agent.store import CallStore as DurableStore
 from voice_agent.store import open_store, outcome_for
-from voice_agent.transports import native, twilio
+from voice_agent.transports import asterisk_ws, native, twilio
 from voice_agent.transports.errors import close_reason
 
 log = logging.getLogger("voice_agent.server")
@@ -484,7 +487,7 @@ class VoiceServer:
         if not decision.allowed:
             log.warning("refused %s from %s: %d %s", path, peer, decision.status, decision.reason)
             return decision.response()
-        if path in ("/twilio", "/ws", "/rtc"):
+        if path in ("/twilio", "/ws", "/rtc", "/asterisk"):
             if self._closing:
                 response = connection.respond(
                     http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n"
@@ -550,6 +553,8 @@ class VoiceServer:
         try:
             if path == "/rtc":
                 await self.rtc.endpoint(ws)
+            elif path == "/asterisk":
+                await asterisk_endpoint(cast(MediaConnection, ws), self.start_call)
             elif path == "/twilio":
                 await twilio_endpoint(cast(MediaConnection, ws), self.start_call)
             else:
@@ -582,7 +587,9 @@ class VoiceServer:
             self.host,
             self.port,
             process_request=self.process_request,
-            max_size=max(twilio.WEBSOCKET_MAX_SIZE, native.WEBSOCKET_MAX_SIZE),
+            max_size=max(
+                twilio.WEBSOCKET_MAX_SIZE, native.WEBSOCKET_MAX_SIZE, asterisk_ws.WEBSOCKET_MAX_SIZE
+            ),
             compression=None,
             create_connection=MediaConnection,
             reuse_port=self.reuse_port or None,

@@ -10,7 +10,7 @@ protocol, the versions it follows and what differs between them). Here:
   (`agent=booking&party=2`, from the `uri` or the dial string's `v(...)` option, which Asterisk
   appends, so it wins over the `uri`'s), then from VOICE_AGENT and VOICE_AGENT_ARG_<name>
   channel variables (JSON control messages only); `token` is left out of the args. The call id
-  is Asterisk's channel_id when it has one. The server answers ANSWER and starts the pipeline.
+  is Asterisk's channel_id when it has one. The server sends ANSWER and starts the pipeline.
 * The agent's audio goes out as it comes, like Twilio's: Asterisk queues it and plays it at the
   channel's pace. MARK_MEDIA follows each chunk the pipeline marks and MEDIA_MARK_PROCESSED
   tells when the caller has heard up to it. An Asterisk without MARK_MEDIA (before 20.18.0 /

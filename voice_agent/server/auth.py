@@ -65,8 +65,9 @@ from voice_agent.server.pages import STATIC_PREFIX, calls_view_response
 HEALTH_PATH = "/healthz"
 TWILIO_PATH = "/twilio"
 # Paths that take `?token=`: browsers cannot set headers on a WebSocket, and the pages' fetches
-# carry the token they were opened with (plus `/calls/{id}`, see `query_token_accepted`).
-QUERY_TOKEN_PATHS = frozenset({"/ws", "/rtc", "/twilio", "/agents", "/calls"})
+# carry the token they were opened with (plus `/calls/{id}`, see `query_token_accepted`);
+# Asterisk's websocket_client.conf can only put it in the uri.
+QUERY_TOKEN_PATHS = frozenset({"/ws", "/rtc", "/twilio", "/asterisk", "/agents", "/calls"})
 CALLS_PREFIX = "/calls/"
 TWILIO_SIGNATURE_HEADER = "X-Twilio-Signature"
 WINDOW_S = 60.0  # the failure limiter's sliding window

@@ -6,10 +6,12 @@ What this follows, read from Asterisk's own sources (github.com/asterisk/asteris
 below) and its documentation (asterisk/documentation, docs/Configuration/Channel-Drivers/
 WebSocket.md, the "WebSocket" channel driver page of docs.asterisk.org):
 
-* `channels/chan_websocket.c` of 20.16.0 (the first release, with 21.11.0, 22.6.0 and 23.0.0),
-  20.17.0, 20.18.0 and master after 23.4.0; `channels/chan_websocket_doc.xml`,
-  `configs/samples/chan_websocket.conf.sample` and `configs/samples/websocket_client.conf.sample`
-  and `res/res_websocket_client.c` / `res/res_http_websocket.c` (the client end) of master.
+* `channels/chan_websocket.c` at the tags 20.16.0 (the first release, as are 21.11.0, 22.6.0
+  and 23.0.0), 20.17.0, 20.18.0 and 20.19.0 and on master at f0c1c1a7b7 (after 23.4.0 /
+  22.10.0 / 20.20.0), the diffs between them and 21.11.0..21.12.3;
+  `channels/chan_websocket_doc.xml`, `configs/samples/chan_websocket.conf.sample`,
+  `configs/samples/websocket_client.conf.sample`, `res/res_websocket_client.c` and the client
+  handshake in `res/res_http_websocket.c`, on master; WebSocket.md at b7adbc41.
 * Asterisk dials `WebSocket/<connection>[/<options>]`, connects as the WebSocket client to the
   `uri` of `[<connection>]` in websocket_client.conf (`connection_type = per_call_config`), adds
   the `v(name=value,...)` dial option's parameters to its query string, and sends MEDIA_START as
@@ -34,6 +36,12 @@ MEDIA_MARK_PROCESSED        a MARK_MEDIA reached the head of the queue: everythi
                             it has gone to the caller (20.18.0 / 22.8.0 / 23.2.0 and later)
 ERROR                       error_text (20.18.0 / 22.8.0 / 23.2.0 and later)
 ==========================  ==============================================================
+
+Also by release: 20.18.0 / 22.8.0 / 23.2.0 read the socket on the channel thread and hang up
+on a frame type they do not take; 20.19.0 / 22.9.0 / 23.3.0 stopped padding a short frame with
+silence (and added SET_MEDIA_DIRECTION, the `d()` option); 20.20.0 / 22.10.0 / 23.4.0 take
+fragmented (CONTINUATION) messages. None of it matters to a peer that sends whole frames in
+unfragmented messages, as this server does.
 
 There is no HANGUP event: Asterisk hangs up by closing the WebSocket (code 1000, or the
 channel's WebSocket hang-up cause). Commands to Asterisk: ANSWER, HANGUP, MARK_MEDIA
