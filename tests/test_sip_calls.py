@@ -69,11 +69,13 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voic
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def guarded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
-    """Digest credentials required."""
+    """Digest credentials required; calls recorded."""
+    folder = tmp_path_factory.mktemp("sip-auth")
     config = default_config_with(
-        tmp_path_factory.mktemp("sip-auth"),
+        folder,
         voice={"stt": {"provider": "pocketsphinx"}},
         sip={"credentials": {"trunk": "sip_trunk_password"}},
+        server={"recording": True, "data_dir": str(folder / "data")},
     )
     async for voice_server in serving(
         config, sip=True, secrets={"sip_trunk_password": "s3cret-pass"}
@@ -317,6 +319,8 @@ async def test_a_trunk_with_the_right_password_gets_in(
     assert result.ok, result.stderr + result.messages
     call = await last_call(guarded)
     assert call["transport"] == "sip"
+    (recording,) = audit(call, "recording")  # recorded like any other call
+    assert recording.get("path") and not recording.get("error"), recording
 
 
 async def test_a_wrong_password_is_challenged_again_and_starts_no_call(

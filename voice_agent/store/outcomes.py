@@ -16,6 +16,9 @@ reason                                             outcome           where it co
 "protocol error: ..."                              error             endpoints, webrtc
 "ice failed: ..."                                  error             webrtc: ICE/DTLS never came up
 "client is not reading: outbound buffer full"      error             endpoints: a stalled client
+"no ACK from the caller", "media failed: ..."     error             sip: a 2xx never acknowledged,
+                                                                     a call's RTP tick failed
+"AudioSocket error ..."                            error             audiosocket: Asterisk's 0xff
 "server shutting down"                             interrupted       VoiceServer.shutdown()
 "interrupted..."                                   interrupted       the store: its writer died
 anything else                                      error             a reason no rule knows yet
