@@ -27,6 +27,7 @@ from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
 from voice_agent.sip.message import SipMessage, name_addr_uri, uri_user
 from voice_agent.sip.rtp import Pacer
+from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 
 log = logging.getLogger("voice_agent.server")
@@ -128,7 +129,7 @@ class _LiveCall:
     ended: asyncio.Future[str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    negotiated: Any = None
+    negotiated: Negotiated | None = None
     media: RtpSession | None = None
     pipeline: CallPipeline | None = None
     transport: asyncio.DatagramTransport | None = None
@@ -142,7 +143,11 @@ class _LiveCall:
         media = self.media
         if media is None:
             return
-        digit = media.receive(data, source, self.gateway.now_ms())
+        try:
+            digit = media.receive(data, source, self.gateway.now_ms())
+        except Exception:  # as for SIP datagrams: lose the packet, keep the call
+            log.exception("sip call %s: an RTP packet could not be handled", self.call_id)
+            return
         if digit is not None and self.pipeline is not None:
             self.pipeline.dtmf(digit)
 
@@ -302,7 +307,13 @@ class SipGateway:
     def datagram(self, data: bytes, source: Addr) -> None:
         if self.uas is None:
             return
-        self._apply(self.uas.datagram(data, source, self.now_ms()))
+        try:
+            actions = self.uas.datagram(data, source, self.now_ms())
+        except Exception:
+            # A bug, not the peer's fault: this datagram is lost, the port and its calls go on.
+            log.exception("sip: a datagram from %s:%d could not be handled", *source)
+            return
+        self._apply(actions)
 
     def hang_up(self, call_id: str, reason: str) -> None:
         if self.uas is not None:
@@ -414,6 +425,7 @@ class SipGateway:
             if call.ended.done():
                 reason = call.ended.result()
                 return
+            assert call.negotiated is not None  # CallConfirmed carries it
             call.media = RtpSession(
                 call.negotiated,
                 signalling_host=call.incoming.source[0],
