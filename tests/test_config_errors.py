@@ -437,6 +437,56 @@ CASES = [
             "whisper decodes in worker processes",
         ),
     ),
+    # ---- telephony ---------------------------------------------------------------------------
+    case(
+        "sip-listen-not-host-port",
+        Case({CONFIG: PLAYBOOK + "sip:\n  listen: '5060'\n"}, CONFIG, "sip.listen", "HOST:PORT"),
+    ),
+    case(
+        "sip-rtp-ports-upside-down",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  rtp_port_min: 30000\n  rtp_port_max: 20000\n"},
+            CONFIG,
+            "sip",
+            "rtp_port_max 20000 is below rtp_port_min 30000",
+        ),
+    ),
+    case(
+        "sip-allowed-source-not-a-network",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  allowed_sources: [10.0.0.0/33]\n"},
+            CONFIG,
+            "sip.allowed_sources",
+            "10.0.0.0/33",
+        ),
+    ),
+    case(
+        "sip-number-names-no-agent",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  numbers: {'+14155550100': nobody}\n"},
+            CONFIG,
+            "sip.numbers.+14155550100",
+            "'nobody', which is not an agent",
+        ),
+    ),
+    case(
+        "sip-digest-algorithm-unknown",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  digest_algorithms: [SHA-1]\n"},
+            CONFIG,
+            "sip.digest_algorithms[0]",
+            "'MD5' or 'SHA-256'",
+        ),
+    ),
+    case(
+        "audiosocket-route-not-a-uuid",
+        Case(
+            {CONFIG: PLAYBOOK + "audiosocket:\n  routes: {not-a-uuid: {agent: a}}\n"},
+            CONFIG,
+            "audiosocket.routes",
+            "badly formed hexadecimal UUID string",
+        ),
+    ),
     # ---- remote tools ------------------------------------------------------------------------
     case(
         "openapi-file-missing",

@@ -1,0 +1,191 @@
+"""One SIP call's RTP (voice_agent/sip/media.py) on a virtual clock, and what the SIP listener
+decides before any socket (voice_agent/server/sip.py): which agent answers, with which args,
+and the settings it refuses."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+
+from voice_agent.config import SipSettings
+from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.server.sip import RtpPorts, SipGateway, route_call
+from voice_agent.sip.media import RtpSession
+from voice_agent.sip.message import parse_message
+from voice_agent.sip.sdp import negotiate, parse_sdp
+
+CALLER = ("198.51.100.7", 40000)
+OFFER = (
+    b"v=0\r\no=- 1 1 IN IP4 198.51.100.7\r\ns=-\r\nc=IN IP4 198.51.100.7\r\nt=0 0\r\n"
+    b"m=audio 40000 RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
+    b"a=rtpmap:101 telephone-event/8000\r\na=fmtp:101 0-15\r\n"
+)
+MU_SILENCE = b"\xff" * 160
+
+
+def session() -> RtpSession:
+    return RtpSession(negotiate(parse_sdp(OFFER)), signalling_host=CALLER[0])
+
+
+def rtp(sequence: int, payload: bytes, *, payload_type: int = 0, ssrc: int = 7) -> bytes:
+    return struct.pack(">BBHII", 0x80, payload_type, sequence, sequence * 160, ssrc) + payload
+
+
+def test_packets_go_to_the_sdp_address_until_the_callers_come_from_elsewhere() -> None:
+    media = session()
+    assert media.destination == CALLER
+    behind_nat = (CALLER[0], 61000)  # the same host, another port: a NAT's mapping
+    media.receive(rtp(1, b"\x7f" * 160), behind_nat, 0)
+    assert media.destination == behind_nat
+
+
+def test_a_strangers_packets_are_not_heard_and_do_not_divert_ours() -> None:
+    media = session()
+    for n in range(20):
+        media.receive(rtp(n, b"\x00" * 160), ("203.0.113.66", 5004), n * 20)
+    assert media.stats.foreign == 20 and media.stats.received == 0
+    assert media.destination == CALLER
+    assert media.heard_audio(500) is None  # nothing to hear, not even silence yet
+
+
+def test_bytes_that_read_as_rtp_of_another_payload_type_do_not_move_the_stream() -> None:
+    media = session()
+    media.receive(rtp(1, b"junk", payload_type=96), (CALLER[0], 9), 0)
+    assert media.destination == CALLER and media.stats.other_payload == 1
+
+
+def test_the_caller_is_heard_in_20_ms_steps_with_silence_while_nothing_comes() -> None:
+    """A phone that suppresses silence sends nothing between words: the pipeline still gets
+    20 ms a tick, so the caller's turn can end."""
+    media = session()
+    for n in range(3):
+        media.receive(rtp(n, bytes([n + 1]) * 160), CALLER, n * 20)
+    heard = [media.heard_audio(60 + t * 20) for t in range(6)]
+    assert heard[:3] == [b"\x01" * 160, b"\x02" * 160, b"\x03" * 160]
+    assert heard[3:] == [MU_SILENCE] * 3
+
+
+def test_30_ms_packets_are_heard_at_the_rate_they_carry() -> None:
+    """Two 30 ms packets cover three 20 ms ticks: the pipeline gets 60 ms, no silence."""
+    media = session()
+    for n in range(6):
+        media.receive(rtp(n, bytes([n + 1]) * 240), CALLER, n * 30)
+    got = b"".join(filter(None, (media.heard_audio(t * 20) for t in range(9))))
+    assert got == b"".join(bytes([n + 1]) * 240 for n in range(6))
+
+
+def test_a_key_press_is_one_digit_however_many_packets_carry_it() -> None:
+    media = session()
+    event = struct.pack(">BBH", 5, 10, 160)
+    end = struct.pack(">BBH", 5, 0x80 | 10, 800)
+    digits = [
+        media.receive(struct.pack(">BBHII", 0x80, 101, n, 8000, 7) + payload, CALLER, n * 20)
+        for n, payload in enumerate([event, event, end, end, end])
+    ]
+    assert digits == ["5", None, None, None, None]
+
+
+def test_on_hold_nothing_is_sent_and_the_agents_audio_waits() -> None:
+    media = session()
+    media.playout.audio(b"\x11" * 320)
+    hold = negotiate(parse_sdp(OFFER + b"a=sendonly\r\n"))
+    assert hold.on_hold
+    media.update(hold)
+    assert media.next_packet(0) == (None, []) and media.destination is None
+    media.update(negotiate(parse_sdp(OFFER)))
+    packet, _ = media.next_packet(20)
+    assert packet is not None and packet[12:] == b"\x11" * 160
+
+
+def test_the_agent_is_quiet_in_the_codecs_silence() -> None:
+    media = session()
+    packet, _ = media.next_packet(0)
+    assert packet is not None and packet[12:] == MU_SILENCE
+
+
+INVITE = (
+    "INVITE sip:{user}@127.0.0.1 SIP/2.0\r\n"
+    "Via: SIP/2.0/UDP 198.51.100.7;branch=z9hG4bK1\r\n"
+    'From: "Ann" <sip:+14155550100@carrier.example>;tag=1\r\n'
+    "To: <sip:{user}@127.0.0.1>\r\nCall-ID: c1\r\nCSeq: 1 INVITE\r\n"
+    "{extra}Content-Length: 0\r\n\r\n"
+)
+AGENTS: dict[str, Any] = {"booking": object(), "concierge": object()}
+
+
+def invite(user: str, extra: str = "") -> Any:
+    return parse_message(INVITE.format(user=user, extra=extra).encode())
+
+
+def test_the_dialled_user_part_names_the_agent_and_the_caller_is_in_the_args() -> None:
+    route = route_call(invite("concierge"), SipSettings(), AGENTS)
+    assert route is not None and route.agent == "concierge"
+    assert route.args == {"caller": "+14155550100", "called": "concierge"}
+
+
+def test_a_number_map_a_header_and_p_asserted_identity() -> None:
+    settings = SipSettings(
+        numbers={"+18005550199": "booking"},
+        agent_header="X-Agent",
+        headers={"X-Customer-Id": "customer_id"},
+    )
+    route = route_call(
+        invite("+18005550199", "P-Asserted-Identity: <sip:+442071838750@trunk>\r\n"
+               "X-Customer-Id: 4711\r\n"),
+        settings, AGENTS,
+    )  # fmt: skip
+    assert route is not None and route.agent == "booking"
+    assert route.args == {
+        "caller": "+442071838750",
+        "called": "+18005550199",
+        "customer_id": "4711",
+    }
+    by_header = route_call(invite("+18005550199", "X-Agent: concierge\r\n"), settings, AGENTS)
+    assert by_header is not None and by_header.agent == "concierge"
+    assert route_call(invite("x", "X-Agent: nobody\r\n"), settings, AGENTS) is None  # 404
+
+
+def test_an_unknown_user_part_goes_to_the_default_agent() -> None:
+    route = route_call(invite("+15550000000"), SipSettings(), AGENTS)
+    assert route is not None and route.agent is None
+
+
+def test_rtp_ports_are_even_and_come_back() -> None:
+    ports = RtpPorts(20001, 20006)  # 20002, 20004, 20006
+    socks = [ports.bind("127.0.0.1") for _ in range(3)]
+    numbers = sorted(sock.getsockname()[1] for sock in socks)
+    assert numbers == [20002, 20004, 20006]
+    with pytest.raises(VoiceAgentError, match="no free RTP port"):
+        ports.bind("127.0.0.1")
+    socks[0].close()
+    ports.release(numbers[0])
+    again = ports.bind("127.0.0.1")
+    assert again.getsockname()[1] == numbers[0]
+    for sock in [again, *socks[1:]]:
+        sock.close()
+
+
+def _gateway(settings: SipSettings, listen: str, secrets: dict[str, str] | None = None) -> Any:
+    async def start_call(**_: Any) -> Any:
+        raise AssertionError
+
+    return SipGateway(
+        settings, listen=listen, start_call=start_call, admit=lambda _: None, agents=AGENTS,
+        secrets=secrets or {},
+    )  # fmt: skip
+
+
+def test_listening_on_every_address_needs_the_public_one() -> None:
+    with pytest.raises(ConfigError, match=r"needs sip\.public_address") as caught:
+        _gateway(SipSettings(), "0.0.0.0:5060")
+    assert caught.value.key == "sip.public_address"
+    assert _gateway(SipSettings(public_address="203.0.113.7"), "0.0.0.0:5060").public
+
+
+def test_a_credential_naming_a_secret_that_is_not_set() -> None:
+    settings = SipSettings(credentials={"trunk": "sip_password"})
+    with pytest.raises(ConfigError, match="voice-agent secrets set sip_password") as caught:
+        _gateway(settings, "127.0.0.1:5060")
+    assert caught.value.key == "sip.credentials.trunk"
