@@ -46,3 +46,11 @@ def test_var_seeds_the_state_and_unknown_agent_is_a_clear_error(
     assert "Hello, thanks for calling Chez Nous!" in capsys.readouterr().out
     assert main(["chat", "--script", str(script), "--agent", "nobody"]) == 2
     assert "no agent named 'nobody'" in capsys.readouterr().err
+
+
+def test_sip_with_several_workers_is_refused_with_the_reason(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    command = ["serve", "--workers", "2", "--port", "8799", "--sip", "127.0.0.1:5060"]
+    assert main(command) == 2
+    assert "split a call's SIP messages" in capsys.readouterr().err
