@@ -429,6 +429,8 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voic
             "events": {"dtmf": {"say": "Goodbye!", "end_call": True}},
         },
     }
+    # The server's own listener, as `audiosocket:` in a config starts it.
+    data["audiosocket"] = {"listen": "127.0.0.1:0", "routes": {CLOSER_UUID: {"agent": "closer"}}}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     async for voice_server in serving(path):
         yield voice_server
@@ -447,10 +449,10 @@ async def listening(server: VoiceServer, **options: Any) -> AudioSocketServer:
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def audiosocket(server: VoiceServer) -> AsyncIterator[AudioSocketServer]:
-    listener = await listening(server)
-    yield listener
-    await listener.stop()
+async def audiosocket(server: VoiceServer) -> AudioSocketServer:
+    """The listener the server started from its config."""
+    assert server.audiosocket is not None and server.audiosocket.port
+    return server.audiosocket
 
 
 async def speech_ms(server: VoiceServer, text: str) -> float:
