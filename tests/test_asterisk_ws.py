@@ -34,11 +34,10 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from tests.support.configs import default_config_with, ended_call, serving
+from tests.support.configs import GREETING, default_config_with, ended_call, serving, words_played
 from voice_agent.audio.g711 import alaw_encode
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
-from voice_agent.core.sentences import SentenceSplitter
 from voice_agent.server.app import VoiceServer
 from voice_agent.server.asterisk_ws import (
     PROBE_ID,
@@ -52,10 +51,6 @@ from voice_agent.transports.errors import ProtocolError, ProtocolWarning
 
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
-GREETING = (
-    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
-    "What would you like to do?"
-)
 HOURS = "We're open every day from noon to eleven pm."
 GOODBYE = "Thanks for calling Bella Vista. Goodbye!"
 TIMEOUT_S = 30.0
@@ -535,20 +530,6 @@ def outbound(server: VoiceServer, call_id: str) -> AsteriskOutbound:
 
 def words(text: str) -> list[str]:
     return [word.strip(",.!?") for word in text.split()]
-
-
-async def words_played(server: VoiceServer, text: str, played_ms: float) -> int:
-    """How many words of `text` end within its first `played_ms`, by the TTS's own timings."""
-    tts = server.engines(server.registry.agents["booking"]).tts
-    splitter = SentenceSplitter()
-    offset_ms, count = 0.0, 0
-    for sentence in [*splitter.push(text), *splitter.flush()]:
-        audio = b""
-        async for chunk in tts.synthesize(sentence):
-            audio += chunk.pcm
-            count += sum(1 for w in chunk.words if offset_ms + w.end_ms <= played_ms)
-        offset_ms += len(audio) / (tts.sample_rate * 2) * 1000
-    return count
 
 
 def assert_marks_follow_whole_frames(caller: FakeAsterisk) -> None:

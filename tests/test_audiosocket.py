@@ -26,7 +26,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.configs import default_config_with, serving
+from tests.support.configs import GREETING, default_config_with, serving
 from tests.support.configs import ended_call as record
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
@@ -39,10 +39,6 @@ from voice_agent.transports.errors import ProtocolError, ProtocolWarning
 
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
-GREETING = (
-    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
-    "What would you like to do?"
-)
 OPENING_HOURS = "We're open every day from noon to eleven pm."
 CLOSER_UUID = "c105e000-0000-4000-8000-00000000c105"
 T = TypeVar("T")

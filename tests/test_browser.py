@@ -18,17 +18,13 @@ from playwright.async_api import BrowserContext, Page, async_playwright
 
 from tests.support.browser import CHROMIUM
 from tests.support.browser import CHROMIUM_FLAGS as BROWSER_FLAGS
+from tests.support.configs import GREETING, serving
 from tests.support.configs import ended_call as record
-from tests.support.configs import serving
 from voice_agent.audio.wav import read_wav, write_wav
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
-GREETING = (
-    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
-    "What would you like to do?"
-)
 CHROMIUM_FLAGS = [
     *BROWSER_FLAGS,
     "--use-fake-ui-for-media-stream",

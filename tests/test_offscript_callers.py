@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import async_playwright
 
-from tests.support.configs import ended_call, serving
+from tests.support.configs import GREETING, ended_call, serving
 from tests.test_browser import call as start_page_call
 from tests.test_browser import caller_wav, open_browser
 from voice_agent.audio.g711 import ulaw_decode, ulaw_encode
@@ -89,12 +89,6 @@ async def test_an_off_script_caller_in_the_browser(server: VoiceServer, tmp_path
     assert call["transport"] == "webrtc"
     assert intents(call)[0][0] == "book_table", json.dumps(intents(call))
     assert_booking_request_understood(call["state"])
-
-
-GREETING = (
-    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
-    "What would you like to do?"
-)
 
 
 # Every word in the natural voice; in the eSpeak ones the two hums, which Whisper reads worst.

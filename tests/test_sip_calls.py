@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.baresip import Baresip, write_line
-from tests.support.configs import default_config_with, ended_call, serving
+from tests.support.configs import GREETING, default_config_with, ended_call, serving
 from tests.support.sipp import (
     PCAPS,
     SippResult,
@@ -47,10 +47,6 @@ from voice_agent.sip.sdp import parse_sdp
 
 ROOT = Path(__file__).resolve().parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
-GREETING = (
-    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
-    "What would you like to do?"
-)
 GREETING_MS = 7000  # the greeting, spoken, with room to spare
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 needs_root = pytest.mark.skipif(

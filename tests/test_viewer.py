@@ -21,7 +21,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
 from tests.support.browser import CHROMIUM, CHROMIUM_FLAGS
-from tests.support.configs import serving
+from tests.support.configs import GREETING, serving
 from voice_agent.callers import TwilioClient
 from voice_agent.server.app import VoiceServer
 from voice_agent.server.pages import CONTENT_SECURITY_POLICY, calls_view_response, page_response
@@ -29,10 +29,6 @@ from voice_agent.server.pages import CONTENT_SECURITY_POLICY, calls_view_respons
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
 CALL_ID = "CAviewer"
-GREETING = (
-    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
-    "What would you like to do?"
-)
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
 

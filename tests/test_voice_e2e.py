@@ -16,20 +16,15 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.support.configs import default_config_with, serving
+from tests.support.configs import GREETING, default_config_with, serving, words_played
 from tests.support.configs import ended_call as record
 from voice_agent.audio.wav import read_wav, write_wav
 from voice_agent.callers import NativeClient, TwilioClient
-from voice_agent.core.sentences import SentenceSplitter
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
 MANIFEST = json.loads((AUDIO / "manifest.json").read_text())
-GREETING = (
-    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
-    "What would you like to do?"
-)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -81,20 +76,6 @@ def messages(call: dict[str, Any], role: str) -> list[str | None]:
 
 def audit(call: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [event for event in call["audit"] if event["type"] == kind]
-
-
-async def words_played(server: VoiceServer, text: str, played_ms: float) -> int:
-    """How many words of `text` end within its first `played_ms` of speech, sentence by sentence."""
-    tts = server.engines(server.registry.agents["booking"]).tts
-    splitter = SentenceSplitter()
-    offset_ms, count = 0.0, 0
-    for sentence in [*splitter.push(text), *splitter.flush()]:
-        audio = b""
-        async for chunk in tts.synthesize(sentence):
-            audio += chunk.pcm
-            count += sum(1 for w in chunk.words if offset_ms + w.end_ms <= played_ms)
-        offset_ms += len(audio) / (tts.sample_rate * 2) * 1000
-    return count
 
 
 async def say_and_wait(caller: TwilioClient | NativeClient, audio: bytes) -> None:

@@ -10,11 +10,17 @@ from typing import Any
 import httpx
 import yaml
 
+from voice_agent.core.sentences import SentenceSplitter
 from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.secrets import Secrets
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+# The default agent's first line (config/agents.yaml), which most call tests hear first.
+GREETING = (
+    "Hello, thanks for calling Bella Vista! I can book, change or cancel a table. "
+    "What would you like to do?"
+)
 
 
 def default_config_with(folder: Path, **sections: Any) -> Path:
@@ -55,3 +61,18 @@ async def ended_call(server: VoiceServer, call_id: str) -> dict[str, Any]:
     assert response.status_code == 200
     call: dict[str, Any] = response.json()
     return call
+
+
+async def words_played(server: VoiceServer, text: str, played_ms: float) -> int:
+    """How many words of `text` end within its first `played_ms` of the default agent's
+    speech, sentence by sentence as the pipeline speaks it, by the TTS's own timings."""
+    tts = server.engines(server.registry.agents["booking"]).tts
+    splitter = SentenceSplitter()
+    offset_ms, count = 0.0, 0
+    for sentence in [*splitter.push(text), *splitter.flush()]:
+        audio = b""
+        async for chunk in tts.synthesize(sentence):
+            audio += chunk.pcm
+            count += sum(1 for w in chunk.words if offset_ms + w.end_ms <= played_ms)
+        offset_ms += len(audio) / (tts.sample_rate * 2) * 1000
+    return count
