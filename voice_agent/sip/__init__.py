@@ -1,2 +1,2 @@
-"""SIP for calls straight from a trunk or a PBX, sans-I/O: messages (message.py, RFC 3261
-section 7) first; transactions, dialogs, SDP and RTP follow (issue 17)."""
+"""SIP and RTP for calls straight from a trunk or a PBX, sans-I/O, one module per part of the
+RFCs (docs/telephony.md lists them); voice_agent.server.sip moves their bytes."""
