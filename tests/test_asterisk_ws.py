@@ -34,7 +34,14 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from tests.support.configs import GREETING, default_config_with, ended_call, serving, words_played
+from tests.support.configs import (
+    GREETING,
+    QUICK_VOICE,
+    default_config_with,
+    ended_call,
+    serving,
+    words_played,
+)
 from voice_agent.audio.g711 import alaw_encode
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
@@ -445,9 +452,7 @@ class FakeAsterisk:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
     """The default agent hearing with pocketsphinx's domain model, as tests/test_voice_e2e.py."""
-    config = default_config_with(
-        tmp_path_factory.mktemp("asterisk"), voice={"stt": {"provider": "pocketsphinx"}}
-    )
+    config = default_config_with(tmp_path_factory.mktemp("asterisk"), voice=QUICK_VOICE)
     async for voice_server in serving(config):
         yield voice_server
 

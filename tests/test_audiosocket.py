@@ -26,7 +26,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.configs import GREETING, default_config_with, serving
+from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
 from tests.support.configs import ended_call as record
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
@@ -411,9 +411,7 @@ on_module_loop = pytest.mark.asyncio(loop_scope="module")
 async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
     """The default agent with pocketsphinx's domain model, and `closer`: a flow that says
     goodbye and ends the call on any key."""
-    path = default_config_with(
-        tmp_path_factory.mktemp("audiosocket"), voice={"stt": {"provider": "pocketsphinx"}}
-    )
+    path = default_config_with(tmp_path_factory.mktemp("audiosocket"), voice=QUICK_VOICE)
     data = yaml.safe_load(path.read_text())
     data["agents"]["closer"] = {
         "brain": "flow",

@@ -49,6 +49,7 @@ from voice_agent.sip.message import (
     SipMessage,
     SipParseError,
     build_response,
+    name_addr_uri,
     parse_message,
     parse_via,
 )
@@ -245,6 +246,11 @@ class UserAgentServer:
                 raise SipParseError(f"CSeq method {cseq_method} is not {message.method}")
             if not message.call_id.strip():
                 raise SipParseError("an empty Call-ID")
+            for name in ("from", "to", "contact"):
+                # Read now: a dialog is made of them later, where a bad one must not surface.
+                value = message.get(name)
+                if value is not None:
+                    name_addr_uri(value)
         except SipParseError as error:
             return self._bad_request(message, source, str(error))
         message = _with_received(message, source)
