@@ -8,6 +8,7 @@ Only the `report` split is scored here; settings were chosen on the `tune` split
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -29,12 +30,12 @@ NATURAL_VOICES = ("joe",)
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-ENGINES = [
-    "whisper tiny.en",
-    "whisper tiny.en, intents as prompt",
-    "pocketsphinx domain",
-    "pocketsphinx full",
-]
+# Every run measures the default engine (and holds it to the targets) and the low-CPU option;
+# the comparisons that decided against the other two (docs/performance.md) run with
+# STT_ACCURACY_ALL=1, to keep the suite inside its time.
+ENGINES = ["whisper tiny.en", "pocketsphinx domain"]
+if os.environ.get("STT_ACCURACY_ALL") == "1":
+    ENGINES += ["whisper tiny.en, intents as prompt", "pocketsphinx full"]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module", params=ENGINES)
