@@ -42,11 +42,16 @@ What it measures:
   tick (voice_agent/server/sip.py); with `record_lateness` set it keeps how late each tick ran
   against its deadline (`send_lateness_ms`). The child also times each tick, so the lateness of
   the tick's last packet (tick lateness + the time to send every call's packet) is reported
-  too. Percentiles over the whole run and over the peak (ticks with at least 95% of the peak's
-  calls);
+  too, with the tick's own time on the thread's CPU clock. Percentiles over the whole run and
+  over the peak (ticks with at least 95% of the peak's calls), over the ticks that sent; the
+  wake-ups that found no frame due (before the deadline on the loop's whole-ms clock) are
+  counted apart, since they only re-arm;
 - the event loop's lag: the server's own monitor (a wake-up every 0.5 s), every sample kept;
-- the rest of the machine: its busy CPU less the server, sipp and this script, and the load
-  average: other work on the machine shows there, so a disturbed run can be told and rerun.
+  and every garbage collection, with how long it held the loop;
+- the rest of the machine: its busy CPU less the server, sipp, this script and interrupts,
+  on all cores and on the server's, the VM's steal time, and the load average: other work on
+  the machine shows there, so a disturbed run can be told and rerun. `--nice -10` (the run
+  and its sessions' autogroups) keeps other sessions' work from taking the server's turns.
 
 Results: a JSON file in loadtest-results/ (or `--out`), with sipp's statistics CSV, the
 server's log and every tick and loop-lag sample (.samples.json; times on CLOCK_MONOTONIC, `t0`
@@ -1181,7 +1186,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=5.0, help="new calls a second (sipp -r)")
     parser.add_argument("--limit", type=int, default=20, help="calls at once at most (sipp -l)")
     parser.add_argument("--duration", type=float, default=40.0, help="seconds per call")
-    parser.add_argument("--stt", choices=sorted(STT_CONFIGS), default="pocketsphinx")
+    parser.add_argument(
+        "--stt",
+        choices=sorted(STT_CONFIGS),
+        default="pocketsphinx",
+        help="voice.stt of the server: pocketsphinx (the low-CPU engine) or whisper tiny.en",
+    )
     parser.add_argument(
         "--caller",
         choices=("conversation", "silence"),
@@ -1195,8 +1205,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--server-cpus",
         type=lambda text: {int(n) for n in text.split(",")},
-        default={0},
-        help="CPUs of the server (comma-separated); sipp and this script get the others",
+        default=argparse.SUPPRESS,
+        help="CPUs of the server, comma-separated (default: 0); sipp and this script get the "
+        "others",
     )
     parser.add_argument(
         "--nice",
@@ -1207,7 +1218,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "taking their turns; the server's recognition workers run 5 above it",
     )
     parser.add_argument(
-        "--max-calls", type=int, help="the server's server.max_calls (default: --limit + 50)"
+        "--max-calls",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="the server's server.max_calls (default: --limit + 50)",
     )
     parser.add_argument("--media-port", type=int, default=40000, help="sipp's first RTP port")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after the warm-up")
@@ -1224,7 +1238,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.calls, args.limit) < 1 or args.rate <= 0 or args.duration <= 0:
         parser.error("--calls, --limit, --rate and --duration must be positive")
-    if args.max_calls is None:
+    if not hasattr(args, "server_cpus"):
+        args.server_cpus = {0}
+    if getattr(args, "max_calls", None) is None:
         args.max_calls = args.limit + 50
     return args
 
