@@ -184,8 +184,17 @@ async def test_the_call_page_shows_the_conversation(
     turns = len(call["turns"])
     assert turns >= 3
     assert await page.locator("#waterfall figure.turn").count() == turns
+    # A bar per step the turn measured (a turn the caller cut off may lack its later steps).
+    steps = ("end_of_turn_ms", "stt_final_ms", "first_token_ms", "first_tts_audio_ms",
+             "first_audio_sent_ms")  # fmt: skip
+    measured = [
+        sum(isinstance(turn.get(key), int | float) for key in steps)
+        for turn in call["turns"]
+        if isinstance(turn.get("speech_end_ms"), int | float)
+        or isinstance(turn.get("user_turn_ms"), int | float)
+    ]
     bars = page.locator("#waterfall .bar")
-    assert await bars.count() == 5 * turns
+    assert await bars.count() == sum(measured) >= 3 * turns
     widths = [(await bar.bounding_box() or {"width": 0})["width"] for bar in await bars.all()]
     track = await page.locator("#waterfall .track").first.bounding_box()
     assert track is not None and all(0 < w <= track["width"] + 1 for w in widths)
