@@ -94,6 +94,7 @@ from voice_agent.transports.errors import (
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import malformed as _malformed
 
 ControlForm = Literal["plain-text", "json"]  # Asterisk's own names (control_message_format)
 PLAIN: ControlForm = "plain-text"
@@ -294,10 +295,6 @@ _EVENT_NAMES: dict[type, str] = {
 
 
 # -- parsing -------------------------------------------------------------------------------------
-
-
-def _malformed(reason: str) -> ProtocolError:
-    return ProtocolError(PROTOCOL_ERROR, reason, kind="malformed_message")
 
 
 def _shown(value: object) -> str:

@@ -92,6 +92,8 @@ from voice_agent.transports.errors import (
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_object as _object
+from voice_agent.transports.json_fields import malformed as _malformed
 
 SAMPLE_RATES = (8000, 16000, 24000)
 DEFAULT_SAMPLE_RATE = 8000
@@ -239,17 +241,6 @@ class StreamState(enum.Enum):
 
 def _shown(value: object) -> str:
     return json.dumps(value, default=str)[:40]
-
-
-def _malformed(reason: str) -> ProtocolError:
-    return ProtocolError(PROTOCOL_ERROR, reason, kind="malformed_message")
-
-
-def _object(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-    value = parent.get(key)
-    if not isinstance(value, dict):
-        raise _malformed(f"{path} is {'missing' if value is None else 'not an object'}")
-    return value
 
 
 def _text(parent: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> str:

@@ -116,6 +116,7 @@ from voice_agent.transports.errors import (
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import malformed as _malformed
 
 SUBPROTOCOL = "audio.jambonz.org"
 SUBPROTOCOLS = (SUBPROTOCOL, "audio.drachtio.org")  # the endpoint should accept either
@@ -252,10 +253,6 @@ def _compact(value: object) -> str:
 
 def _shown(value: object) -> str:
     return json.dumps(value, default=str)[:40]
-
-
-def _malformed(reason: str) -> ProtocolError:
-    return ProtocolError(PROTOCOL_ERROR, reason, kind="malformed_message")
 
 
 def _number(value: object) -> int | None:

@@ -95,6 +95,9 @@ from voice_agent.transports.errors import (
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_object as _object
+from voice_agent.transports.json_fields import json_text as _text
+from voice_agent.transports.json_fields import malformed as _malformed
 
 MULAW = "audio/x-mulaw"
 L16 = "audio/x-l16"
@@ -201,26 +204,6 @@ class StreamState(enum.Enum):
     NEW = "new"
     STARTED = "started"
     STOPPED = "stopped"
-
-
-def _malformed(reason: str) -> ProtocolError:
-    return ProtocolError(PROTOCOL_ERROR, reason, kind="malformed_message")
-
-
-def _object(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-    value = parent.get(key)
-    if not isinstance(value, dict):
-        missing = value is None
-        raise _malformed(f"{path} is {'missing' if missing else 'not an object'}")
-    return value
-
-
-def _text(parent: Mapping[str, Any], key: str, path: str) -> str:
-    value = parent.get(key)
-    if not isinstance(value, str) or not value:
-        missing = value is None
-        raise _malformed(f"{path} is {'missing' if missing else 'not a non-empty string'}")
-    return value
 
 
 def _integer(parent: Mapping[str, Any], key: str, path: str) -> int:

@@ -104,6 +104,7 @@ from voice_agent.transports.errors import (
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import malformed as _malformed
 
 ENCODING = "audio/l16"
 SAMPLE_RATES = (8000, 16000, 24000)
@@ -232,10 +233,6 @@ def _compact(value: object) -> str:
 
 def _shown(value: object) -> str:
     return json.dumps(value, default=str)[:40]
-
-
-def _malformed(reason: str) -> ProtocolError:
-    return ProtocolError(PROTOCOL_ERROR, reason, kind="malformed_message")
 
 
 def _duration(fields: Mapping[str, Any], path: str) -> int | None:
