@@ -1,8 +1,9 @@
 """The voice server: one asyncio process, HTTP and WebSocket on one port (the `websockets` server).
 
 HTTP: /healthz, /calls, /calls/{id}, /agents and the browser call page (/ and /static/).
-WebSocket: /twilio (Twilio Media Streams), /ws (native), /rtc (WebRTC signalling) and /asterisk
-(Asterisk chan_websocket). SIP and AudioSocket have listeners of their own (server/sip.py,
+WebSocket: /twilio (Twilio Media Streams), /ws (native), /rtc (WebRTC signalling), /asterisk
+(Asterisk chan_websocket) and the carriers' streams /telnyx, /plivo, /vonage, /exotel and
+/jambonz (server/carriers.py). SIP and AudioSocket have listeners of their own (server/sip.py,
 server/audiosocket.py).
 """
 
@@ -26,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from voice_agent import __version__
 from voice_agent.audio.codec import CarrierFormat
@@ -44,6 +46,7 @@ from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.secrets import DATA_DIR_ENV
 from voice_agent.runtime.session import CallSession
+from voice_agent.server import carriers
 from voice_agent.server.admission import (
     RETRY_AFTER_S,
     TRY_AGAIN_LATER,
@@ -55,6 +58,7 @@ from voice_agent.server.asterisk_ws import asterisk_endpoint
 from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
+from voice_agent.server.carriers import CARRIERS, carrier_endpoint
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
 from voice_agent.server.media_socket import MediaConnection
 from voice_agent.server.pages import calls_view_response, static_response
@@ -82,6 +86,16 @@ def _json(status: http.HTTPStatus, body: Any) -> Response:
     data = json.dumps(body, ensure_ascii=False, default=str).encode()
     headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     return Response(status.value, status.phrase, headers, data)
+
+
+# The WebSocket paths that carry a call: admission applies, and messages are held until the
+# endpoint takes them (see media_socket).
+CALL_PATHS = frozenset({"/twilio", "/ws", "/rtc", "/asterisk", *CARRIERS})
+
+
+def _select_subprotocol(connection: ServerConnection, offered: Sequence[Subprotocol]) -> Any:
+    path = connection.request.path.split("?", 1)[0] if connection.request else ""
+    return carriers.select_subprotocol(path, list(offered))
 
 
 TOKEN_ENV = "VOICE_AGENT_TOKEN"  # a token from the environment, for containers
@@ -487,7 +501,7 @@ class VoiceServer:
         if not decision.allowed:
             log.warning("refused %s from %s: %d %s", path, peer, decision.status, decision.reason)
             return decision.response()
-        if path in ("/twilio", "/ws", "/rtc", "/asterisk"):
+        if path in CALL_PATHS:
             if self._closing:
                 response = connection.respond(
                     http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n"
@@ -557,6 +571,8 @@ class VoiceServer:
                 await asterisk_endpoint(cast(MediaConnection, ws), self.start_call)
             elif path == "/twilio":
                 await twilio_endpoint(cast(MediaConnection, ws), self.start_call)
+            elif path in CARRIERS:
+                await carrier_endpoint(cast(MediaConnection, ws), self.start_call, path)
             else:
                 await native_endpoint(cast(MediaConnection, ws), self.start_call)
         finally:
@@ -588,8 +604,12 @@ class VoiceServer:
             self.port,
             process_request=self.process_request,
             max_size=max(
-                twilio.WEBSOCKET_MAX_SIZE, native.WEBSOCKET_MAX_SIZE, asterisk_ws.WEBSOCKET_MAX_SIZE
+                twilio.WEBSOCKET_MAX_SIZE,
+                native.WEBSOCKET_MAX_SIZE,
+                asterisk_ws.WEBSOCKET_MAX_SIZE,
+                carriers.WEBSOCKET_MAX_SIZE,
             ),
+            select_subprotocol=_select_subprotocol,
             compression=None,
             create_connection=MediaConnection,
             reuse_port=self.reuse_port or None,

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import re
 from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
@@ -42,7 +41,7 @@ from websockets.asyncio.server import ServerConnection
 
 from voice_agent.errors import VoiceAgentError
 from voice_agent.server.admission import TRY_AGAIN_LATER
-from voice_agent.server.endpoints import SocketOutbound, StartCall, _SocketCall
+from voice_agent.server.endpoints import SocketOutbound, StartCall, _SocketCall, usable_call_id
 from voice_agent.server.media_socket import MediaConnection, Message
 from voice_agent.transports.asterisk_ws import (
     AsteriskStream,
@@ -82,8 +81,6 @@ PROBE_TIMEOUT_S = 1.5
 CLOCK_MARGIN_S = 0.1
 QUERY_AGENT = "agent"
 QUERY_TOKEN = "token"  # the API token, never an arg
-# The call id names files (recordings): Asterisk's `[systemname-]epoch.sequence` fits.
-_CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 Admit = Callable[[str], "str | None"]  # where the call comes in -> why it is refused, or None
 
@@ -333,10 +330,7 @@ def agent_and_args(request_path: str, start: MediaStart) -> tuple[str | None, di
 
 def call_id_of(start: MediaStart) -> str | None:
     """Asterisk's channel id, which its logs and CDRs show, when it can name the call."""
-    channel_id = start.channel_id
-    if channel_id and _CALL_ID.fullmatch(channel_id) and ".." not in channel_id:
-        return channel_id
-    return None
+    return usable_call_id(start.channel_id)
 
 
 class _AsteriskCall(_SocketCall):

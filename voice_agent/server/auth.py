@@ -66,8 +66,11 @@ HEALTH_PATH = "/healthz"
 TWILIO_PATH = "/twilio"
 # Paths that take `?token=`: browsers cannot set headers on a WebSocket, and the pages' fetches
 # carry the token they were opened with (plus `/calls/{id}`, see `query_token_accepted`);
-# Asterisk's websocket_client.conf can only put it in the uri.
-QUERY_TOKEN_PATHS = frozenset({"/ws", "/rtc", "/twilio", "/asterisk", "/agents", "/calls"})
+# Asterisk's websocket_client.conf and the carriers' stream URLs can only put it in the URL.
+CARRIER_PATHS = ("/telnyx", "/plivo", "/vonage", "/exotel", "/jambonz")
+QUERY_TOKEN_PATHS = frozenset(
+    {"/ws", "/rtc", "/twilio", "/asterisk", "/agents", "/calls", *CARRIER_PATHS}
+)
 CALLS_PREFIX = "/calls/"
 TWILIO_SIGNATURE_HEADER = "X-Twilio-Signature"
 WINDOW_S = 60.0  # the failure limiter's sliding window

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -33,6 +34,16 @@ INTERNAL_ERROR = 1011
 _CLEAN = {1000, 1001}  # normal closure, going away
 
 StartCall = Callable[..., Awaitable[CallPipeline]]
+# A carrier's call id names the call's files (recordings) and its /calls URL: Twilio's CallSid,
+# Asterisk's `[systemname-]epoch.sequence`, Telnyx's `v3:...` and the others' UUIDs fit.
+_CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def usable_call_id(value: str | None) -> str | None:
+    """`value` when it can name a call (see _CALL_ID), else None: the server makes one up."""
+    if value and _CALL_ID.fullmatch(value) and ".." not in value:
+        return value
+    return None
 
 
 class SocketOutbound:
