@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.runtime.call_control import DESTINATION
 
 MAX_UPDATES_PER_TOOL = 50
 
@@ -76,6 +77,10 @@ class HandlerConfig(_Strict):
     goto: str | None = None
     transfer: str | None = None
     end_call: bool = False
+    # Call control (voice_agent.runtime.call_control): keys to press, a destination to hand
+    # the caller to (one of the agent's `destinations`).
+    send_dtmf: str | None = None
+    transfer_call: str | None = None
 
 
 class RouteConfig(_Strict):
@@ -89,6 +94,8 @@ class RouteConfig(_Strict):
     goto: str | None = None
     transfer: str | None = None
     end_call: bool = False
+    send_dtmf: str | None = None
+    transfer_call: str | None = None
     # When `call` fails: what to do instead of the flow's on_error; `{{error}}` holds the message.
     on_error: HandlerConfig | None = None
 
@@ -250,6 +257,10 @@ class AgentConfig(_Strict):
     intents: str | None = None
     flow: FlowConfig | None = None
     no_input_timeout_s: float = Field(default=8.0, gt=0)
+    # Where `transfer_call` may hand a caller: name -> SIP URI or phone number. The LLM gets the
+    # transfer_call tool when there are any; flows name one in a route's `transfer_call`.
+    destinations: dict[str, str] = Field(default_factory=dict)
+    send_dtmf: bool = False  # offer the LLM the send_dtmf tool (flows need no switch)
     max_steps_per_turn: int = Field(default=8, ge=1)
     # Each replaces the config-wide `voice:` section of the same name for this agent.
     vad: VadSettings | None = None
@@ -276,6 +287,12 @@ class AgentConfig(_Strict):
                 raise ValueError("an agent with brain: flow needs 'intents' (a file of intents)")
         elif self.flow is not None:
             raise ValueError("'flow' is only for agents with brain: flow")
+        for name, target in self.destinations.items():
+            if not DESTINATION.fullmatch(target):
+                raise ValueError(
+                    f"destinations.{name}: {target!r} is neither a sip:/sips:/tel: URI nor a"
+                    " phone number"
+                )
         return self
 
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any, TextIO
 
 from voice_agent.runtime.audit import AuditEvent
+from voice_agent.runtime.call_control import CallTransfer, SendDigits
 from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.session import (
     AgentEvent,
@@ -100,6 +101,15 @@ class Simulator:
             elif isinstance(event, CallEnd):
                 self._close_line()
                 await self.session.end(event.reason)
+                return False
+            elif isinstance(event, SendDigits):
+                self._close_line()
+                self._write(f"  [keys] {event.digits}\n")
+            elif isinstance(event, CallTransfer):
+                # No phone line here: the hand-over is shown and the call ends as it would.
+                self._close_line()
+                self._write(f"  [transfer] to {event.destination} ({event.target})\n")
+                await self.session.end(f"transferred to {event.destination}")
                 return False
         self._close_line()
         return not self.session.ended

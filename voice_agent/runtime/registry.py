@@ -14,6 +14,7 @@ from voice_agent.brains.flows.intents import IntentMatcher, MatchResult
 from voice_agent.brains.playbook import PlaybookBrain
 from voice_agent.config import AgentConfig, LoadedConfig, load_config, read_yaml
 from voice_agent.errors import ConfigError
+from voice_agent.runtime.call_control import send_dtmf_schema, transfer_call_schema
 from voice_agent.runtime.functions import FunctionModule, LocalTool, load_functions
 from voice_agent.runtime.remote_tools import RemoteAction, RemoteTool, load_remote_tool
 from voice_agent.runtime.secrets import Secrets
@@ -79,6 +80,10 @@ class CompiledAgent:
         ]
         if self.config.transitions:
             schemas.append(transfer_tool_schema(self.config.transitions))
+        if self.config.destinations:
+            schemas.append(transfer_call_schema(self.config.destinations))
+        if self.config.send_dtmf:
+            schemas.append(send_dtmf_schema())
         return schemas
 
 

@@ -23,6 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from voice_agent.errors import ExpressionError, ToolError
 from voice_agent.runtime.audit import AuditLog
+from voice_agent.runtime.call_control import (
+    SEND_DTMF_TOOL,
+    TRANSFER_CALL_TOOL,
+    CallTransfer,
+    SendDigits,
+    check_digits,
+    check_transfer,
+)
 from voice_agent.runtime.conversation import (
     UNFINISHED_RESULT,
     CommitOutcome,
@@ -64,7 +72,7 @@ class CallEnd:
     reason: str
 
 
-AgentEvent = AgentSpeech | AgentSpeechEnd | CallEnd
+AgentEvent = AgentSpeech | AgentSpeechEnd | CallEnd | CallTransfer | SendDigits
 
 
 @dataclass
@@ -476,8 +484,15 @@ class CallSession:
         value: Any = None
         error: str | None = None
         transfer_to: tuple[str, dict[str, Any]] | None = None
+        control: CallTransfer | SendDigits | None = None
         try:
-            if call.name == TRANSFER_TOOL and agent.config.transitions:
+            if call.name == TRANSFER_CALL_TOOL and agent.config.destinations:
+                control = check_transfer(agent.config.destinations, call.arguments)
+                value = {"transferring_to": control.destination}
+            elif call.name == SEND_DTMF_TOOL and agent.config.send_dtmf:
+                control = SendDigits(check_digits(call.arguments.get("digits")))
+                value = {"sent": control.digits}
+            elif call.name == TRANSFER_TOOL and agent.config.transitions:
                 transfer_to = self._check_transfer(call.arguments)
                 value = {"transferred_to": transfer_to[0]}
             elif call.name in agent.update_tools:
@@ -517,6 +532,10 @@ class CallSession:
         )
         async for item in self.apply_effects(effects, outcome):
             yield item
+        if isinstance(control, CallTransfer):
+            outcome.call_ended = True  # the call leaves this agent once the line has played
+        if control is not None:
+            yield control
         if transfer_to is not None:
             async for item in self.transfer(*transfer_to, outcome):
                 yield item

@@ -27,6 +27,7 @@ from voice_agent.engines.tts import Tts, TtsChunk
 from voice_agent.engines.vad import Vad
 from voice_agent.observability import call_context
 from voice_agent.runtime.audit import AuditEvent
+from voice_agent.runtime.call_control import TRANSFER_FAILED_EVENT, CallTransfer, SendDigits
 from voice_agent.runtime.session import (
     AgentEvent,
     AgentSpeech,
@@ -58,6 +59,19 @@ class Outbound(Protocol):
     def clear(self) -> None: ...
     def event(self, payload: dict[str, Any]) -> None: ...
     def close(self, code: int, reason: str) -> None: ...
+
+
+class CallControl(Protocol):
+    """What a transport that can do more than audio offers (voice_agent.runtime.call_control);
+    the pipeline looks for these methods on its Outbound and says so in the audit when they
+    are missing."""
+
+    def send_digits(self, digits: str) -> None:
+        """Send keypad digits to the far end, in order."""
+
+    async def transfer(self, target: str, reason: str) -> str | None:
+        """Hand the call to `target`; None once it has gone there, else why not (the call is
+        still on)."""
 
 
 @dataclass(eq=False)
@@ -171,6 +185,7 @@ class CallPipeline:
         self._timer_at: float | None = None
         self._pending_events: list[tuple[str, dict[str, Any]]] = []
         self._ending: str | None = None
+        self._transfer: CallTransfer | None = None  # once the agent's last line has played
         self.ended = False
         self.finished = asyncio.Event()
         session.audit.subscribe(self._on_audit)
@@ -434,6 +449,10 @@ class CallPipeline:
                     self._apply(self.core.agent_reply_end(event.reply_id, now))
                 elif isinstance(event, CallEnd):
                     self._ending = event.reason
+                elif isinstance(event, CallTransfer):
+                    self._transfer = event
+                elif isinstance(event, SendDigits):
+                    self._send_digits(event.digits)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -446,14 +465,63 @@ class CallPipeline:
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
-        if self._ending is None or self.ended:
+        if (self._ending is None and self._transfer is None) or self.ended:
             return
         if self.core.playback.playing or self.core.agent_busy or self._synth_in_flight:
             return
+        if self._transfer is not None:
+            transfer, self._transfer = self._transfer, None
+            self._spawn(self._hand_over(transfer))
+            return
+        assert self._ending is not None
         reason, self._ending = self._ending, None
         self.out.event({"type": "end", "reason": reason})
         self.out.close(1000, reason)
         self._spawn(self.hang_up(reason))
+
+    # ---- call control ------------------------------------------------------------------
+
+    def _send_digits(self, digits: str) -> None:
+        send = getattr(self.out, "send_digits", None)
+        if send is None:
+            message = f"the {self.record.transport} transport cannot send digits"
+            self.session.audit.add("error", where="send_dtmf", message=message)
+            return
+        send(digits)
+        self.session.audit.add("dtmf_sent", digits=digits)
+
+    async def _hand_over(self, transfer: CallTransfer) -> None:
+        """The agent's transfer, once its line has played: the transport's to do; the call ends
+        "transferred to <destination>" or goes on with the `transfer_failed` event."""
+        audit = self.session.audit
+        audit.add(
+            "transfer_call",
+            destination=transfer.destination,
+            target=transfer.target,
+            reason=transfer.reason,
+        )
+        control = getattr(self.out, "transfer", None)
+        error: str | None
+        if control is None:
+            error = f"the {self.record.transport} transport cannot transfer calls"
+        else:
+            try:
+                error = await control(transfer.target, transfer.reason)
+            except Exception as exc:  # a transport's failure is this call's, never the server's
+                log.exception("transfer of call %s failed", self.session.call_id)
+                error = f"{type(exc).__name__}: {exc}"
+        if self.ended:
+            return  # the caller hung up meanwhile
+        if error is None:
+            reason = f"transferred to {transfer.destination}"
+            audit.add("transferred", destination=transfer.destination, target=transfer.target)
+            self.out.close(1000, reason)
+            await self.hang_up(reason)
+            return
+        audit.add("error", where="transfer_call", message=error)
+        self._queue_event(
+            TRANSFER_FAILED_EVENT, {"destination": transfer.destination, "error": error}
+        )
 
     # ---- TTS ---------------------------------------------------------------------------
 

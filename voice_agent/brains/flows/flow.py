@@ -16,6 +16,7 @@ from voice_agent.brains.flows.parameters import (
 )
 from voice_agent.config import FlowConfig, HandlerConfig, RouteConfig
 from voice_agent.errors import ConfigError, ExpressionError, ToolError
+from voice_agent.runtime.call_control import CallTransfer, SendDigits, check_digits
 from voice_agent.runtime.conversation import ToolCallRecord
 from voice_agent.runtime.expressions import Expression, parse_expression
 from voice_agent.runtime.session import ActionResult, AgentEvent, CallEnd, StepOutcome
@@ -127,6 +128,8 @@ class Route:
     transfer: str | None
     end_call: bool
     on_error: Route | None = None
+    send_dtmf: str | None = None  # checked keypad keys
+    transfer_call: str | None = None  # one of the agent's destinations
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ class FlowBrain:
         entities = agent.matcher.entities
         functions = agent.local_tools
         targets = set(agent.config.transitions)
+        destinations = agent.config.destinations
 
         def route(config: RouteConfig | HandlerConfig, where: str) -> Route:
             intent = getattr(config, "intent", None)
@@ -195,6 +199,19 @@ class FlowBrain:
                     file=file,
                     key=f"{where}.transfer",
                 )
+            if config.transfer_call is not None and config.transfer_call not in destinations:
+                raise ConfigError(
+                    f"{config.transfer_call!r} is not one of this agent's destinations"
+                    f" {sorted(destinations)}",
+                    file=file,
+                    key=f"{where}.transfer_call",
+                )
+            digits = None
+            if config.send_dtmf is not None:
+                try:
+                    digits = check_digits(config.send_dtmf)
+                except ToolError as exc:
+                    raise ConfigError(exc.message, file=file, key=f"{where}.send_dtmf") from None
             updates = compile_updates(config.set, file=file, key=f"{where}.set", allow_llm=False)
             on_error = getattr(config, "on_error", None)
             return Route(
@@ -207,6 +224,8 @@ class FlowBrain:
                 config.transfer,
                 config.end_call,
                 route(on_error, f"{where}.on_error") if on_error is not None else None,
+                digits,
+                config.transfer_call,
             )
 
         pages: dict[str, Page] = {}
@@ -407,6 +426,14 @@ class FlowBrain:
         if route.say:
             async for item in session.say(render(route.say, values)):
                 yield item
+        if route.send_dtmf is not None:
+            yield SendDigits(route.send_dtmf)
+        if route.transfer_call is not None:
+            # The config checked the name; the caller leaves the flow once the line has played.
+            target = session.agent.config.destinations[route.transfer_call]
+            outcome.call_ended = True
+            yield CallTransfer(route.transfer_call, target, reason=f"flow {self.agent_name}")
+            return
         if route.transfer is not None:
             async for item in session.transfer(route.transfer, {}, outcome):
                 yield item
