@@ -4,11 +4,13 @@ and the settings it refuses."""
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
 import pytest
 
+from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.config import SipSettings
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.server.sip import RtpPorts, SipGateway, route_call
@@ -189,3 +191,54 @@ def test_a_credential_naming_a_secret_that_is_not_set() -> None:
     with pytest.raises(ConfigError, match="voice-agent secrets set sip_password") as caught:
         _gateway(settings, "127.0.0.1:5060")
     assert caught.value.key == "sip.credentials.trunk"
+
+
+def _keys_heard(packets: list[bytes]) -> list[str]:
+    """What a far end's RFC 4733 receiver makes of the packets sent."""
+    far_end = RtpSession(negotiate(parse_sdp(OFFER)), signalling_host=CALLER[0])
+    heard = [far_end.receive(p, CALLER, n * 20) for n, p in enumerate(packets)]
+    return [digit for digit in heard if digit is not None]
+
+
+def test_keys_go_out_as_telephone_events_while_the_agents_audio_waits() -> None:
+    media = session()
+    media.playout.audio(b"\x11" * 160)
+    media.playout.mark("after-the-keys")
+    media.send_digits("1#1")
+    packets, marks = [], []
+    for tick in range(60):
+        packet, heard = media.next_packet(tick * 20)
+        assert packet is not None
+        packets.append(packet)
+        marks += [(tick, name) for name in heard]
+    # The same key twice is two presses: each has its own start timestamp.
+    assert _keys_heard(packets) == ["1", "#", "1"]
+    events = [p for p in packets if p[1] & 0x7F == 101]
+    assert len(events) == 3 * (4 + 3)  # per key: 4 progress packets, then the end three times
+    # Then the agent's audio, and its mark only after the keys and their gaps.
+    first_audio = next(i for i, p in enumerate(packets) if p[12:] == b"\x11" * 160)
+    assert first_audio == 3 * (4 + 3 + 5) and marks and marks[0][0] >= first_audio
+
+
+def test_keys_are_tones_in_the_audio_without_telephone_event() -> None:
+    plain = b"v=0\r\no=- 1 1 IN IP4 198.51.100.7\r\ns=-\r\nc=IN IP4 198.51.100.7\r\nt=0 0\r\n"
+    media = RtpSession(
+        negotiate(parse_sdp(plain + b"m=audio 40000 RTP/AVP 0\r\n")), signalling_host=CALLER[0]
+    )
+    media.send_digits("5")
+    packets = [media.next_packet(tick * 20)[0] for tick in range(10)]
+    assert all(p is not None and p[1] & 0x7F == 0 for p in packets)
+    tone = [p for p in packets if p is not None and p[12:] != MU_SILENCE]
+    assert len(tone) == 5  # 100 ms of the key, then silence
+    pcm = ulaw_decode(b"".join(p[12:] for p in tone))
+    assert goertzel_power(pcm, 770) > 50 * goertzel_power(pcm, 1000)  # row of 5
+    assert goertzel_power(pcm, 1336) > 50 * goertzel_power(pcm, 1000)  # its column
+
+
+def goertzel_power(pcm: bytes, frequency: float, rate: int = 8000) -> float:
+    samples = struct.unpack(f"<{len(pcm) // 2}h", pcm)
+    coefficient = 2 * math.cos(2 * math.pi * frequency / rate)
+    before = before2 = 0.0
+    for sample in samples:
+        before, before2 = sample + coefficient * before - before2, before
+    return before2**2 + before**2 - coefficient * before * before2

@@ -36,6 +36,9 @@ from voice_agent.sip.uas import (
     MediaChanged,
     Refused,
     Send,
+    TransferAccepted,
+    TransferFailed,
+    TransferProgress,
     UasSettings,
     UserAgentServer,
 )
@@ -47,7 +50,7 @@ CALL_ID = "a84b4c76e66710@carrier.example"
 FROM_TAG = "1928301774"
 MEDIA_HOST = "127.0.0.1"
 MEDIA_PORT = 20000
-ALLOWED_METHODS = {"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO"}
+ALLOWED_METHODS = {"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "NOTIFY"}
 
 A = TypeVar("A")
 
@@ -1410,3 +1413,76 @@ def test_no_sequence_of_datagrams_breaks_the_server(steps: list[Step]) -> None:
         assert deadline is None or deadline > now
     drive(uas, now + 2 * TIMEOUT_MS)
     assert all(c.state in ("offered", "confirmed") for c in uas.calls.values())
+
+
+# ---- transfer: REFER and its NOTIFYs (RFC 3515) ---------------------------------------------
+
+
+def notify(
+    to_tag: str, frag: bytes, *, cseq: int, state: str = "active;expires=60", event: str = "refer"
+) -> bytes:
+    return request(
+        "NOTIFY",
+        to_tag=to_tag,
+        cseq=cseq,
+        branch=f"z9hG4bKnotify{cseq}",
+        body=frag,
+        content_type="message/sipfrag;version=2.0",
+        headers=[("Event", event), ("Subscription-State", state)],
+    )
+
+
+def test_transfer_sends_a_refer_in_the_dialog_and_reports_its_notifies() -> None:
+    uas = make_uas()
+    tag = confirmed(uas)
+    refer = one_sent(uas.transfer(CALL_ID, "sip:desk@192.0.2.10", 100))
+    assert refer.method == "REFER" and refer.uri == "sip:+14155550100@127.0.0.1:5061"
+    assert refer.get("refer-to") == "<sip:desk@192.0.2.10>"
+    assert refer.to_tag == FROM_TAG and refer.from_tag == tag and refer.cseq == (2, "REFER")
+    assert refer.get("referred-by") == "<sip:agent@127.0.0.1>"
+    # Retransmitted like any request of ours until answered; a 202 ends that.
+    resent = [a for _, a in drive(uas, 700) if isinstance(a, Send)]
+    assert [parse_message(s.data).method for s in resent] == ["REFER"]
+    assert of_type(uas.datagram(response_to(resent[0].data, 202), CALLER, 800), TransferAccepted)
+    assert not [a for _, a in drive(uas, 5000) if isinstance(a, Send)]
+    trying = uas.datagram(notify(tag, b"SIP/2.0 100 Trying\r\n", cseq=2), CALLER, 900)
+    assert statuses(trying) == [200]
+    assert of_type(trying, TransferProgress) == [TransferProgress(CALL_ID, 100, "Trying", False)]
+    done = uas.datagram(
+        notify(tag, b"SIP/2.0 200 OK\r\n", cseq=3, state="terminated;reason=noresource"),
+        CALLER,
+        5000,
+    )
+    assert statuses(done) == [200]
+    assert of_type(done, TransferProgress) == [TransferProgress(CALL_ID, 200, "OK", True)]
+
+
+def test_a_refused_or_unanswered_refer_is_a_failed_transfer_and_the_call_goes_on() -> None:
+    uas = make_uas()
+    confirmed(uas)
+    refer = uas.transfer(CALL_ID, "sip:desk@192.0.2.10", 100)
+    (data,) = [s.data for s in of_type(refer, Send)]
+    failed = uas.datagram(response_to(data, 603), CALLER, 200)
+    assert of_type(failed, TransferFailed) == [TransferFailed(CALL_ID, 603, "Decline")]
+    assert uas.calls[CALL_ID].state == "confirmed"
+    uas.transfer(CALL_ID, "sip:desk@192.0.2.10", 300)
+    timed_out = [a for _, a in drive(uas, 100_000) if isinstance(a, TransferFailed)]
+    assert timed_out == [TransferFailed(CALL_ID, 408, "no answer to the REFER")]
+    assert uas.calls[CALL_ID].state == "confirmed"
+
+
+def test_a_notify_without_a_refer_or_of_another_event_gets_481() -> None:
+    uas = make_uas()
+    tag = confirmed(uas)
+    assert statuses(uas.datagram(notify(tag, b"SIP/2.0 200 OK", cseq=2), CALLER, 100)) == [481]
+    uas.transfer(CALL_ID, "sip:desk@192.0.2.10", 200)
+    other = notify(tag, b"SIP/2.0 200 OK", cseq=3, event="dialog")
+    assert statuses(uas.datagram(other, CALLER, 300)) == [481]
+
+
+def test_a_transfer_before_the_call_is_up_fails_at_once() -> None:
+    uas = make_uas()
+    offered(uas)
+    assert uas.transfer(CALL_ID, "sip:desk@192.0.2.10", 0) == [
+        TransferFailed(CALL_ID, 481, "the call is not established")
+    ]

@@ -69,9 +69,9 @@ class CallControl(Protocol):
     def send_digits(self, digits: str) -> None:
         """Send keypad digits to the far end, in order."""
 
-    async def transfer(self, target: str, reason: str) -> str | None:
-        """Hand the call to `target`; None once it has gone there, else why not (the call is
-        still on)."""
+    async def transfer(self, transfer: CallTransfer) -> str | None:
+        """Hand the call to `transfer.target`; None once it has gone there, else why not (the
+        call is still on)."""
 
 
 @dataclass(eq=False)
@@ -506,7 +506,7 @@ class CallPipeline:
             error = f"the {self.record.transport} transport cannot transfer calls"
         else:
             try:
-                error = await control(transfer.target, transfer.reason)
+                error = await control(transfer)
             except Exception as exc:  # a transport's failure is this call's, never the server's
                 log.exception("transfer of call %s failed", self.session.call_id)
                 error = f"{type(exc).__name__}: {exc}"

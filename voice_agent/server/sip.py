@@ -20,6 +20,7 @@ from typing import Any
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.config import SipSettings, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.server.pipeline import CallPipeline
 from voice_agent.sip import uas as sip
 from voice_agent.sip.auth import DigestAuthenticator
@@ -36,6 +37,9 @@ StartCall = Callable[..., Awaitable[CallPipeline]]
 Admit = Callable[[str], "str | None"]  # where the call comes in -> why it is refused, or None
 TRANSPORT = "sip"
 SIP_RECEIVE_BUFFER = 4 * 1024 * 1024  # bytes; the kernel caps it at net.core.rmem_max
+# How long a transfer may take: the far end calls the target, which may ring a while, before
+# the final NOTIFY says how it went.
+TRANSFER_WAIT_S = 45.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,16 @@ class RtpPorts:
             self._free.append(port)
 
 
+def refer_target(target: str, trunk_host: str) -> str:
+    """What a REFER's Refer-To names: a SIP URI as configured; a phone number (or tel: URI)
+    at the host the call came from, the trunk or PBX that can dial it."""
+    if target.lower().startswith(("sip:", "sips:")):
+        return target
+    number = target[4:] if target.lower().startswith("tel:") else target
+    host = f"[{trunk_host}]" if ":" in trunk_host else trunk_host
+    return f"sip:{number}@{host}"
+
+
 class _RtpProtocol(asyncio.DatagramProtocol):
     def __init__(self, call: _LiveCall) -> None:
         self.call = call
@@ -134,10 +148,26 @@ class _LiveCall:
     pipeline: CallPipeline | None = None
     transport: asyncio.DatagramTransport | None = None
     port: int | None = None
+    # A transfer under way: resolved with None once the caller has gone to the target, else
+    # why not; `transfer_accepted` once the far end took the REFER.
+    transfer: asyncio.Future[str | None] | None = None
+    transfer_to: str = ""
+    transfer_accepted: bool = False
 
     def end(self, reason: str) -> None:
+        if self.transfer is not None and not self.transfer.done():
+            if self.transfer_accepted:
+                # The far end hung up on us after taking the REFER: the caller went over.
+                reason = f"transferred to {self.transfer_to}"
+                self.transfer.set_result(None)
+            else:
+                self.transfer.set_result(f"the call ended first ({reason})")
         if not self.ended.done():
             self.ended.set_result(reason)
+
+    def transfer_done(self, error: str | None) -> None:
+        if self.transfer is not None and not self.transfer.done():
+            self.transfer.set_result(error)
 
     def rtp_in(self, data: bytes, source: Addr) -> None:
         media = self.media
@@ -176,6 +206,12 @@ class SipOutbound:
 
     def close(self, code: int, reason: str) -> None:
         self._gateway.hang_up(self._call.call_id, reason)
+
+    def send_digits(self, digits: str) -> None:
+        self._media.send_digits(digits)
+
+    async def transfer(self, transfer: CallTransfer) -> str | None:
+        return await self._gateway.transfer(self._call, transfer)
 
 
 class _SignalProtocol(asyncio.DatagramProtocol):
@@ -323,6 +359,24 @@ class SipGateway:
             # After the BYE (or while its ACK is awaited): the caller hears nothing more.
             call.end(reason)
 
+    async def transfer(self, call: _LiveCall, transfer: CallTransfer) -> str | None:
+        """REFER the caller to the destination; None once it has gone there, else why not."""
+        assert self.uas is not None
+        if call.transfer is not None and not call.transfer.done():
+            return "a transfer is already under way"
+        target = refer_target(transfer.target, call.incoming.source[0])
+        call.transfer = asyncio.get_running_loop().create_future()
+        call.transfer_to, call.transfer_accepted = transfer.destination, False
+        self._apply(self.uas.transfer(call.call_id, target, self.now_ms()))
+        try:
+            return await asyncio.wait_for(asyncio.shield(call.transfer), TRANSFER_WAIT_S)
+        except TimeoutError:
+            if call.transfer_accepted:
+                # RFC 5589 section 6.1: the transferor may leave once the REFER is accepted;
+                # a far end that sends no final NOTIFY has taken the call over.
+                return None
+            return f"no answer to the REFER in {TRANSFER_WAIT_S:g} s"
+
     def _apply(self, actions: list[sip.Action]) -> None:
         call: _LiveCall | None
         for action in actions:
@@ -357,6 +411,21 @@ class SipGateway:
                 call = self.calls.get(action.call_id)
                 if call is not None:
                     call.end(action.reason)
+            elif isinstance(action, sip.TransferAccepted):
+                call = self.calls.get(action.call_id)
+                if call is not None:
+                    call.transfer_accepted = True
+            elif isinstance(action, sip.TransferProgress):
+                call = self.calls.get(action.call_id)
+                if call is not None and action.final:
+                    ok = 200 <= action.status < 300
+                    call.transfer_done(
+                        None if ok else f"the target answered {action.status} {action.reason}"
+                    )
+            elif isinstance(action, sip.TransferFailed):
+                call = self.calls.get(action.call_id)
+                if call is not None:
+                    call.transfer_done(f"the REFER was refused: {action.status} {action.reason}")
             elif isinstance(action, sip.Refused):
                 log.info(
                     "sip %s:%d: %s%s",

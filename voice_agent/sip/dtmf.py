@@ -16,6 +16,7 @@ lines of application/dtmf-relay are read as deployed PBXes write them.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections import deque
 from dataclasses import dataclass
@@ -126,6 +127,35 @@ def event_payloads(
     payloads = [_EVENT.pack(event, volume, step * n) for n in range(1, packets)]
     payloads.extend([_EVENT.pack(event, 0x80 | volume, total)] * END_REPEATS)
     return payloads
+
+
+# The keypad's two frequencies (ITU-T Q.23): row, column.
+_ROWS = {"123A": 697, "456B": 770, "789C": 852, "*0#D": 941}
+_COLUMNS = {"147*": 1209, "2580": 1336, "369#": 1477, "ABCD": 1633}
+TONE_LEVEL = 0.25  # of full scale per frequency: about -15 dBm0 each, inside Q.24's range
+
+
+def tone_pcm(digit: str, duration_ms: int = 100, sample_rate: int = CLOCK_RATE) -> bytes:
+    """One key as in-band audio (16-bit mono PCM): for a far end that took no telephone-event,
+    whose IVR then listens for the tones themselves."""
+    key = digit.upper()
+    row = next((f for keys, f in _ROWS.items() if key in keys), None)
+    column = next((f for keys, f in _COLUMNS.items() if key in keys), None)
+    if row is None or column is None or len(key) != 1:
+        raise ValueError(f"{digit!r} is not a DTMF key (one of {EVENT_DIGITS})")
+    count = sample_rate * duration_ms // 1000
+    scale = TONE_LEVEL * 32767
+    samples = [
+        int(
+            scale
+            * (
+                math.sin(2 * math.pi * row * n / sample_rate)
+                + math.sin(2 * math.pi * column * n / sample_rate)
+            )
+        )
+        for n in range(count)
+    ]
+    return struct.pack(f"<{count}h", *samples)
 
 
 def parse_dtmf_relay(body: bytes) -> str | None:

@@ -14,11 +14,13 @@ nothing is sent and the agent's audio waits in the playout, to go on when the ca
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
+from voice_agent.audio.codec import CarrierFormat
 from voice_agent.core.playout import RtpPlayout
-from voice_agent.sip.dtmf import DtmfReceiver
+from voice_agent.sip.dtmf import DtmfReceiver, tone_pcm
 from voice_agent.sip.jitter import JitterBuffer
 from voice_agent.sip.rtp import RtpError, RtpSender, parse_rtp
 from voice_agent.sip.sdp import Negotiated
@@ -31,6 +33,10 @@ SILENCE = {"PCMU": 0xFF, "PCMA": 0xD5}
 ENCODINGS: dict[str, Literal["mulaw", "alaw"]] = {"PCMU": "mulaw", "PCMA": "alaw"}
 # Audio sent is heard this much later: the network plus the caller's jitter buffer.
 DEFAULT_HEARD_DELAY_MS = 60.0
+# Keys sent: each 100 ms long, then 100 ms of silence (an IVR needs a gap to tell two presses
+# of one key apart; Q.24 asks for 40 ms or more of each).
+KEY_MS = 100
+KEY_GAP_FRAMES = 5
 
 
 @dataclass(slots=True)
@@ -67,6 +73,9 @@ class RtpSession:
         self._silence = bytes([SILENCE[name]]) * self._frame_bytes
         self._owed = 0  # bytes of the caller's audio due to the pipeline and not yet given
         self._heard_any = False
+        self._carrier = CarrierFormat(self.encoding, SAMPLE_RATE)
+        self._keys: deque[str] = deque()  # keys to send, after the one under way
+        self._key_packets: deque[bytes | None] = deque()  # this key's packets; None: silence
 
     @property
     def on_hold(self) -> bool:
@@ -150,10 +159,40 @@ class RtpSession:
         filler, self._owed = self._silence[: self._owed], 0
         return filler
 
+    def send_digits(self, digits: str) -> None:
+        """Queue keypad presses for the far end: RFC 4733 events when the call negotiated
+        telephone-event, else the tones in the audio. They go out in place of the agent's
+        audio, which waits meanwhile."""
+        self._keys.extend(digits)
+
+    @property
+    def sending_digits(self) -> bool:
+        return bool(self._keys or self._key_packets)
+
+    def _key_packet(self) -> bytes | None:
+        if not self._key_packets and self._keys:
+            digit = self._keys.popleft()
+            event = self.negotiated.telephone_event
+            packets: list[bytes | None]
+            if event is not None:
+                packets = list(
+                    self.sender.event_packets(digit, event.payload_type, duration_ms=KEY_MS)
+                )
+            else:
+                tone = self._carrier.encode(tone_pcm(digit, KEY_MS))
+                frames = range(0, len(tone), self._frame_bytes)
+                packets = [self.sender.packet(tone[i : i + self._frame_bytes]) for i in frames]
+            self._key_packets.extend([*packets, *[None] * KEY_GAP_FRAMES])
+        packet = self._key_packets.popleft()
+        return packet if packet is not None else self.sender.packet(self._silence)
+
     def next_packet(self, now_ms: float) -> tuple[bytes | None, list[str]]:
         """The packet to send this tick (None on hold) and the marks now heard."""
         if self.on_hold:
             return None, []
+        if self.sending_digits:
+            self.stats.sent += 1
+            return self._key_packet(), []
         frame, heard = self.playout.next_frame(now_ms)
         self.stats.sent += 1
         return self.sender.packet(frame, marker=self.stats.sent == 1), heard

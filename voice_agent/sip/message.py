@@ -53,6 +53,7 @@ REASONS = {
     100: "Trying",
     180: "Ringing",
     200: "OK",
+    202: "Accepted",
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
@@ -72,6 +73,7 @@ REASONS = {
     501: "Not Implemented",
     503: "Service Unavailable",
     505: "Version Not Supported",
+    603: "Decline",
 }
 
 

@@ -26,6 +26,11 @@ What is answered how:
 - re-INVITE: the new offer answered (hold: sendonly or inactive, or c=0.0.0.0; resume), or
   488 with the session unchanged; an older CSeq gets 500 (section 12.2.2).
 - INFO with application/dtmf-relay or application/dtmf: a digit. OPTIONS: 200 with Allow.
+- `transfer` sends a REFER in the dialog (RFC 3515; the transferor's side of RFC 5589's basic
+  transfer): its 2xx is `TransferAccepted`, a failure or no answer in 32 s `TransferFailed`.
+  The NOTIFYs of the implied subscription get 200 and report the sipfrag's status
+  (`TransferProgress`: 1xx while the target rings, then the final one); a NOTIFY with no REFER
+  sent gets 481 (RFC 6665 section 4.1.3).
 - Requests naming an unknown dialog: 481. Known methods this server does not take (REGISTER,
   SUBSCRIBE, ...): 405. Unknown methods: 501. Responses that match nothing are dropped.
 - Non-INVITE retransmissions get the cached response (voice_agent.sip.transaction).
@@ -62,12 +67,11 @@ from voice_agent.sip.transaction import (
     transaction_key,
 )
 
-ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
+ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY"
 # Methods of SIP's extensions a server may be sent and does not take here (405, with Allow).
 KNOWN_METHODS = {
     "REGISTER",
     "SUBSCRIBE",
-    "NOTIFY",
     "REFER",
     "MESSAGE",
     "PUBLISH",
@@ -143,7 +147,45 @@ class Refused:
     reason: str
 
 
-Action = Send | IncomingCall | CallConfirmed | MediaChanged | DtmfReceived | CallEnded | Refused
+@dataclass(frozen=True, slots=True)
+class TransferAccepted:
+    """The far end took our REFER (202): it now calls the target and NOTIFYs how that goes."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransferProgress:
+    """A NOTIFY of the REFER's subscription: the status line its sipfrag body carries (100,
+    180, 200, 486, ...); `final` once the subscription is terminated or the status is final."""
+
+    call_id: str
+    status: int
+    reason: str
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFailed:
+    """The REFER was refused (its final status) or never answered (408)."""
+
+    call_id: str
+    status: int
+    reason: str
+
+
+Action = (
+    Send
+    | IncomingCall
+    | CallConfirmed
+    | MediaChanged
+    | DtmfReceived
+    | CallEnded
+    | Refused
+    | TransferAccepted
+    | TransferProgress
+    | TransferFailed
+)
 
 
 @dataclass(eq=False)
@@ -169,11 +211,14 @@ class _Call:
     bye: Retransmission | None = None
     bye_branch: str | None = None
     bye_after_ack: bool = False
+    refer: Retransmission | None = None  # our REFER, until its final response
+    refer_branch: str | None = None
+    referred: bool = False  # a REFER was sent: its NOTIFYs are expected
     expires_ms: float | None = None  # an ended call is kept this long for retransmissions
 
     @property
     def deadline_ms(self) -> float | None:
-        times = [t.deadline_ms for t in (self.retransmit, self.bye) if t is not None]
+        times = [t.deadline_ms for t in (self.retransmit, self.bye, self.refer) if t is not None]
         if self.expires_ms is not None:
             times.append(self.expires_ms)
         return min(times, default=None)
@@ -219,6 +264,12 @@ class UserAgentServer:
                     actions.append(Send(call.bye.data, call.bye.addr))
                 elif call.bye.timed_out(now_ms):
                     self._forget_bye(call)
+            if call.refer is not None:
+                if call.refer.due(now_ms):
+                    actions.append(Send(call.refer.data, call.refer.addr))
+                elif call.refer.timed_out(now_ms):
+                    self._forget_refer(call)
+                    actions.append(TransferFailed(call.call_id, 408, "no answer to the REFER"))
             if call.expires_ms is not None and now_ms >= call.expires_ms:
                 if call.retransmit is None and call.bye is None:
                     self._forget_bye(call)
@@ -274,7 +325,7 @@ class UserAgentServer:
             return self._invite(message, key, source, now_ms)
         if method == "CANCEL":
             return self._cancel(message, key, source, now_ms)
-        if method in ("BYE", "INFO"):
+        if method in ("BYE", "INFO", "NOTIFY"):
             return self._in_dialog(message, key, source, now_ms)
         if method == "OPTIONS":
             return self._reply(
@@ -350,6 +401,33 @@ class UserAgentServer:
             call.bye_after_ack = True
             return []
         return self._end(call, now_ms, reason, bye=True)
+
+    def transfer(self, call_id: str, target: str, now_ms: float) -> list[Action]:
+        """REFER the caller to `target` (a SIP URI), in the confirmed dialog."""
+        call = self.calls.get(call_id)
+        if call is None or call.state != "confirmed" or call.dialog is None:
+            return [TransferFailed(call_id, 481, "the call is not established")]
+        if call.refer is not None:
+            return [TransferFailed(call_id, 491, "a transfer is already under way")]
+        branch = self.make_id()
+        local = name_addr_uri(call.dialog.local_uri)
+        data = call.dialog.request(
+            "REFER",
+            via_host=f"{_host_in_uri(self.settings.host)}:{self.settings.port}",
+            branch=branch,
+            headers=[
+                ("Refer-To", f"<{target}>"),
+                ("Referred-By", f"<{local}>"),
+                ("Contact", self._contact()),
+                ("User-Agent", self.settings.user_agent),
+            ],
+        )
+        destination = call.dialog.destination()
+        call.refer = Retransmission(data, destination, now_ms)
+        call.refer_branch = parse_via(data.split(b"\r\n")[1].decode()[5:]).branch
+        call.referred = True
+        self._branches[call.refer_branch or ""] = call.call_id
+        return [Send(data, destination)]
 
     # ---- methods -------------------------------------------------------------------------
 
@@ -526,6 +604,8 @@ class UserAgentServer:
                 request, source, 500, "CSeq lower than the dialog's", key=key, now_ms=now_ms
             )
         call.dialog.remote_cseq = number
+        if request.method == "NOTIFY":
+            return self._notify(call, request, key, source, now_ms)
         actions = self._reply(request, source, 200, key=key, now_ms=now_ms)
         if request.method == "BYE":
             if call.state == "offered":
@@ -541,6 +621,22 @@ class UserAgentServer:
                 actions.append(DtmfReceived(call.call_id, digit))
         return actions
 
+    def _notify(
+        self, call: _Call, request: SipMessage, key: TransactionKey, source: Addr, now_ms: float
+    ) -> list[Action]:
+        event = (request.get("event") or "").split(";", 1)[0].strip().lower()
+        if not call.referred or event != "refer":
+            return self._refuse(
+                request, source, 481, "no such subscription", key=key, now_ms=now_ms
+            )
+        actions = self._reply(request, source, 200, key=key, now_ms=now_ms)
+        status, reason = _sipfrag_status(request.body)
+        state = (request.get("subscription-state") or "").split(";", 1)[0].strip().lower()
+        if status is not None and call.state != "ended":
+            final = status >= 200 or state == "terminated"
+            actions.append(TransferProgress(call.call_id, status, reason, final))
+        return actions
+
     def _response(self, response: SipMessage, source: Addr) -> list[Action]:
         try:
             branch = response.vias[0].branch if response.get("via") else None
@@ -548,9 +644,18 @@ class UserAgentServer:
             branch = None
         call_id = self._branches.get(branch or "")
         call = self.calls.get(call_id or "")
+        status = response.status or 0
+        if call is not None and call.refer is not None and branch == call.refer_branch:
+            if status < 200:
+                return []
+            self._forget_refer(call)
+            if status < 300:
+                return [TransferAccepted(call.call_id)]
+            call.referred = False
+            return [TransferFailed(call.call_id, status, response.reason or "")]
         if call is None or call.bye is None:
             return [Refused(source, None, f"a response ({response.status}) that matches nothing")]
-        if (response.status or 0) >= 200:
+        if status >= 200:
             self._forget_bye(call)
         return []
 
@@ -628,11 +733,18 @@ class UserAgentServer:
             call.bye_branch = parse_via(data.split(b"\r\n")[1].decode()[5:]).branch
             self._branches[call.bye_branch or ""] = call.call_id
             actions.append(Send(data, destination))
+        self._forget_refer(call)  # a transfer under way ends with the call
         if call.state != "ended":
             call.state = "ended"
             actions.append(CallEnded(call.call_id, reason))
         call.expires_ms = now_ms + TIMEOUT_MS
         return actions
+
+    def _forget_refer(self, call: _Call) -> None:
+        call.refer = None
+        if call.refer_branch is not None:
+            self._branches.pop(call.refer_branch, None)
+            call.refer_branch = None
 
     def _forget_bye(self, call: _Call) -> None:
         call.bye = None
@@ -727,6 +839,18 @@ def _offer_of(request: SipMessage) -> sdp.Negotiated | None:
         ) from None
     except sdp.SdpError as error:
         raise _BadOffer(400, f"SDP: {error}", []) from None
+
+
+_SIPFRAG_STATUS = re.compile(r"SIP/2\.0\s+([1-6][0-9][0-9])\s*([^\r\n]*)")
+
+
+def _sipfrag_status(body: bytes) -> tuple[int | None, str]:
+    """The status line of a message/sipfrag body (RFC 3420): what the REFER's target answered."""
+    first = body.lstrip().split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    match = _SIPFRAG_STATUS.match(first)
+    if match is None:
+        return None, ""
+    return int(match.group(1)), match.group(2).strip()[:100]
 
 
 def _unsupported(request: SipMessage) -> str:
