@@ -16,9 +16,10 @@ What the adapters decide, per carrier (docs/telephony.md has the table):
   when it is usable as a file name (`usable_call_id`).
 * Only the caller's track is heard: Telnyx and Plivo may stream both tracks.
 * Marks: Telnyx `mark`, Plivo `checkpoint`/`playedStream`, Vonage `notify`, Exotel `mark`,
-  jambonz `mark`. A mark that the carrier drops with a clear is not reported played (jambonz
-  says `cleared`; the others send nothing), so the interruption tracker commits only what was
-  heard. jambonz can also lose the report of a mark sent after a `killAudio` (see
+  jambonz `mark`. What a carrier does with the marks a clear dropped differs: jambonz reports
+  them `cleared` (not passed on), Telnyx returns them at once (as Twilio does), Plivo, Vonage
+  and Exotel send nothing. Either way the call core has cut its playback at the clear and
+  ignores marks of audio it dropped, so the interruption tracker commits only what was heard. jambonz can also lose the report of a mark sent after a `killAudio` (see
   voice_agent.transports.jambonz); there a mark still unreported MARK_GRACE_S after the
   server's estimate of its playout counts as played, so a reply is never left uncommitted.
 * Hang-up: a stop message where the carrier has one (Telnyx, Exotel, jambonz's empty frame),
@@ -46,11 +47,12 @@ from voice_agent.server.endpoints import (
     SocketOutbound,
     StartCall,
     _SocketCall,
+    refusal_text,
     usable_call_id,
 )
 from voice_agent.server.media_socket import MediaConnection, Message
 from voice_agent.transports import exotel, jambonz, plivo, telnyx, vonage
-from voice_agent.transports.errors import POLICY_VIOLATION, ProtocolWarning
+from voice_agent.transports.errors import POLICY_VIOLATION, ProtocolWarning, close_reason
 
 log = logging.getLogger("voice_agent.server")
 
@@ -590,11 +592,7 @@ class _CarrierCall(_SocketCall):
         elif isinstance(event, HungUp):
             self.end(event.reason)
         elif isinstance(event, Note):
-            log.info(
-                "%s %s: %s: %s", self.transport, self.ws.remote_address, event.kind, event.text
-            )
-            if pipeline is not None:
-                pipeline.session.audit.add("carrier_note", kind=event.kind, text=event.text)
+            self._note(event)
 
     def _note(self, note: Note) -> None:
         # A carrier gone wrong may say the same thing 50 times a second: the audit keeps the
@@ -632,7 +630,8 @@ class _CarrierCall(_SocketCall):
             )
         except VoiceAgentError as exc:
             self.end(f"refused: {exc}")
-            self.outbound.close(POLICY_VIOLATION, str(exc)[:120])
+            log.warning("%s call refused: %s", self.transport, refusal_text(exc))
+            self.outbound.close(POLICY_VIOLATION, close_reason(refusal_text(exc)))
             return
         await self.pipeline.start()
 

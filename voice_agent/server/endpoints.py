@@ -16,11 +16,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from voice_agent.audio.codec import CarrierFormat, Encoding
-from voice_agent.errors import VoiceAgentError
+from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.server.media_socket import MediaConnection, Message
 from voice_agent.server.pipeline import CallPipeline
 from voice_agent.transports import native, twilio
-from voice_agent.transports.errors import POLICY_VIOLATION, ProtocolError, ProtocolWarning
+from voice_agent.transports.errors import (
+    POLICY_VIOLATION,
+    ProtocolError,
+    ProtocolWarning,
+    close_reason,
+)
 
 log = logging.getLogger("voice_agent.server")
 
@@ -37,6 +42,13 @@ StartCall = Callable[..., Awaitable[CallPipeline]]
 # A carrier's call id names the call's files (recordings) and its /calls URL: Twilio's CallSid,
 # Asterisk's `[systemname-]epoch.sequence`, Telnyx's `v3:...` and the others' UUIDs fit.
 _CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def refusal_text(exc: VoiceAgentError) -> str:
+    """Why a call was refused, for the caller: a config error's message without the server's
+    file path (which is the operator's business and would push the reason out of the 123
+    bytes a close frame holds)."""
+    return exc.message if isinstance(exc, ConfigError) else str(exc)
 
 
 def usable_call_id(value: str | None) -> str | None:
@@ -276,7 +288,7 @@ class _TwilioCall(_SocketCall):
             )
         except VoiceAgentError as exc:
             self.end(f"refused: {exc}")
-            self.outbound.close(POLICY_VIOLATION, str(exc)[:120])
+            self.outbound.close(POLICY_VIOLATION, close_reason(refusal_text(exc)))
             return
         await self.pipeline.start()
 
@@ -338,8 +350,8 @@ class _NativeCall(_SocketCall):
             )
         except VoiceAgentError as exc:
             self.end(f"refused: {exc}")
-            self.ws.write(native.error_event("bad_start", str(exc)))
-            self.outbound.close(POLICY_VIOLATION, str(exc)[:120])
+            self.ws.write(native.error_event("bad_start", refusal_text(exc)))
+            self.outbound.close(POLICY_VIOLATION, close_reason(refusal_text(exc)))
             return
         self.ws.write(native.started_event(self.pipeline.session.call_id, agent=event.agent))
         await self.pipeline.start()
