@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from tests.support.baresip import Baresip, write_line
 from tests.support.configs import QUICK_VOICE, default_config_with, serving
 from tests.support.sipp import run_sipp, scenario, write_rtp_pcap
 from tests.test_sip_calls import (
@@ -24,6 +25,7 @@ from tests.test_sip_calls import (
     spoken_ulaw,
     target,
 )
+from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.server.app import VoiceServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -43,6 +45,8 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voic
         if route.get("intent") == "talk_to_human":
             route["say"] = "Putting you through to the front desk."
             route["transfer_call"] = "front_desk"
+        if route.get("intent") == "opening_hours":
+            route["send_dtmf"] = "12#"  # as if the hours came from an IVR behind us
     agent["flow"].setdefault("events", {})["transfer_failed"] = {"say": SORRY}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     async for voice_server in serving(path, sip=True):
@@ -94,3 +98,28 @@ async def test_a_declined_transfer_is_said_and_the_call_goes_on(
     (error,) = [e for e in audit(call, "error") if e["where"] == "transfer_call"]
     assert "603" in error["message"]
     assert call["end_reason"] == "caller hung up"
+
+
+async def test_keys_the_agent_sends_reach_the_phone_as_rfc_4733_events(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """baresip asks for the opening hours; the route's send_dtmf presses 1, 2, # on its line,
+    and baresip reports each key it received (telephone-event was negotiated)."""
+    line = await asyncio.to_thread(spoken_ulaw, "When are you open?")
+    wav = write_line(tmp_path / "hours.wav", ulaw_decode(line))
+    phone = Baresip(tmp_path)
+    await phone.start()
+    try:
+        await phone.dial(f"sip:booking@{target(server)}")
+        await phone.wait_event("CALL_ESTABLISHED")
+        await asyncio.sleep(GREETING_MS / 1000)  # the caller hears the greeting out
+        await phone.say(wav)
+        keys = await phone.wait_event("CALL_DTMF_START", count=3)
+        await phone.hang_up()
+        await phone.wait_event("CALL_CLOSED")
+    finally:
+        await phone.close()
+    assert [k.get("param") for k in keys] == ["1", "2", "#"]
+    call = await last_call(server)
+    assert [e["digits"] for e in audit(call, "dtmf_sent")] == ["12#"]
+    assert "open every day" in (messages(call, "assistant")[-1] or "")

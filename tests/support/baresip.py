@@ -46,6 +46,10 @@ class Baresip:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self.log = folder / "baresip.log"
+        self.events: list[dict[str, object]] = []
+        self._answers: dict[str, asyncio.Future[dict[str, object]]] = {}
+        self._changed = asyncio.Event()
+        self._listening: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         silence = write_line(self.folder / "silence.wav", b"")
@@ -93,18 +97,47 @@ rtp_ports 40000-40999
                     await asyncio.sleep(0.1)  # until baresip listens
 
     async def command(self, name: str, params: str = "") -> dict[str, object]:
-        """One command; baresip's response to it (events in between are skipped)."""
-        assert self._writer is not None and self._reader is not None
+        """One command; baresip's response to it (events meanwhile go to `events`)."""
+        assert self._writer is not None
+        if self._listening is None:
+            self._listening = asyncio.ensure_future(self._listen())
+        answer: asyncio.Future[dict[str, object]] = asyncio.get_running_loop().create_future()
+        self._answers[name] = answer
         data = json.dumps({"command": name, "params": params, "token": name}).encode()
         self._writer.write(str(len(data)).encode() + b":" + data + b",")
         await self._writer.drain()
         async with asyncio.timeout(10):
-            while True:
+            return await answer
+
+    async def _listen(self) -> None:
+        """Every netstring from baresip: responses to their commands, events to `events`."""
+        assert self._reader is not None
+        while True:
+            try:
                 length = int((await self._reader.readuntil(b":"))[:-1])
                 message = json.loads(await self._reader.readexactly(length))
                 await self._reader.readexactly(1)  # the netstring's ","
-                if message.get("response") and message.get("token") == name:
-                    return dict(message)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            if message.get("response"):
+                answer = self._answers.pop(str(message.get("token")), None)
+                if answer is not None and not answer.done():
+                    answer.set_result(dict(message))
+            elif message.get("event"):
+                self.events.append(dict(message))
+                self._changed.set()
+
+    async def wait_event(
+        self, kind: str, count: int = 1, timeout_s: float = 20
+    ) -> list[dict[str, object]]:
+        """The first `count` events of `kind` (CALL_DTMF_START, CALL_CLOSED, ...) once come."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                found = [e for e in self.events if e.get("type") == kind]
+                if len(found) >= count:
+                    return found[:count]
+                self._changed.clear()
+                await self._changed.wait()
 
     async def dial(self, uri: str) -> None:
         await self.command("dial", uri)
@@ -124,6 +157,8 @@ rtp_ports 40000-40999
         return path
 
     async def close(self) -> None:
+        if self._listening is not None:
+            self._listening.cancel()
         if self._writer is not None:
             self._writer.close()
         if self._process is not None and self._process.returncode is None:
