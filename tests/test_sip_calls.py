@@ -524,7 +524,11 @@ async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
         read_back = await audit_events.until("agent_utterance")
         await audit_events.until("agent_utterance")  # the booking is made
         await phone.say(lines["joe_book5"])
-        await asyncio.wait_for(pipeline.finished.wait(), 30)
+        try:
+            await asyncio.wait_for(pipeline.finished.wait(), 30)
+        except TimeoutError:
+            heard = [e.data for e in pipeline.session.audit.events if e.type == "user_utterance"]
+            raise AssertionError(f"the agent did not end the call; it heard {heard}") from None
     finally:
         await phone.close()
     call = await last_call(server)

@@ -335,6 +335,12 @@ class VoiceServer:
         carrier: CarrierFormat,
         out: Outbound,
     ) -> CallPipeline:
+        if call_id is not None and call_id in self.pipelines:
+            # Live calls are keyed by call id: a second live call under a carrier's id (a call
+            # streamed twice, a stream back before its old socket is seen gone) gets its own,
+            # or the first one's end would take the second out of the server's books.
+            log.warning("call id %s is already live: the new call gets an id of its own", call_id)
+            call_id = None
         session = CallSession(
             self.registry, agent=agent, args=args, call_id=call_id, auto_commit=False
         )

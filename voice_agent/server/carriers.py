@@ -19,7 +19,8 @@ What the adapters decide, per carrier (docs/telephony.md has the table):
   jambonz `mark`. What a carrier does with the marks a clear dropped differs: jambonz reports
   them `cleared` (not passed on), Telnyx returns them at once (as Twilio does), Plivo, Vonage
   and Exotel send nothing. Either way the call core has cut its playback at the clear and
-  ignores marks of audio it dropped, so the interruption tracker commits only what was heard. jambonz can also lose the report of a mark sent after a `killAudio` (see
+  ignores marks of audio it dropped, so the interruption tracker commits only what was heard.
+  jambonz can also lose the report of a mark sent after a `killAudio` (see
   voice_agent.transports.jambonz); there a mark still unreported MARK_GRACE_S after the
   server's estimate of its playout counts as played, so a reply is never left uncommitted.
 * Hang-up: a stop message where the carrier has one (Telnyx, Exotel, jambonz's empty frame),

@@ -40,6 +40,9 @@ SIP_RECEIVE_BUFFER = 4 * 1024 * 1024  # bytes; the kernel caps it at net.core.rm
 # How long a transfer may take: the far end calls the target, which may ring a while, before
 # the final NOTIFY says how it went.
 TRANSFER_WAIT_S = 45.0
+# The agent's goodbye, heard (sent and DEFAULT_HEARD_DELAY_MS later), still plays from the
+# phone's jitter buffer (baresip's holds up to 200 ms): the BYE goes this much later.
+BYE_AFTER_LAST_AUDIO_MS = 400.0
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,9 @@ class SipOutbound:
         pass
 
     def close(self, code: int, reason: str) -> None:
-        self._gateway.hang_up(self._call.call_id, reason)
+        # The last words are still in the phone's jitter buffer when their mark counts as
+        # heard, and a BYE makes most phones stop playing at once: it waits a little.
+        self._gateway.hang_up(self._call.call_id, reason, after_ms=BYE_AFTER_LAST_AUDIO_MS)
 
     def send_digits(self, digits: str) -> None:
         self._media.send_digits(digits)
@@ -351,13 +356,21 @@ class SipGateway:
             return
         self._apply(actions)
 
-    def hang_up(self, call_id: str, reason: str) -> None:
+    def hang_up(self, call_id: str, reason: str, *, after_ms: float = 0) -> None:
+        """End the call: BYE (now, or `after_ms` later) and the call's end with `reason`."""
         if self.uas is not None:
-            self._apply(self.uas.hang_up(call_id, self.now_ms(), reason))
+            if after_ms > 0 and self._loop is not None:
+                self._loop.call_later(after_ms / 1000, self._send_bye, call_id, reason)
+            else:
+                self._send_bye(call_id, reason)
         call = self.calls.get(call_id)
         if call is not None and call.pipeline is not None:
             # After the BYE (or while its ACK is awaited): the caller hears nothing more.
             call.end(reason)
+
+    def _send_bye(self, call_id: str, reason: str) -> None:
+        if self.uas is not None:  # a caller's own BYE meanwhile makes this a no-op
+            self._apply(self.uas.hang_up(call_id, self.now_ms(), reason))
 
     async def transfer(self, call: _LiveCall, transfer: CallTransfer) -> str | None:
         """REFER the caller to the destination; None once it has gone there, else why not."""
