@@ -376,6 +376,7 @@ class ExotelCarrier(Carrier):
                 out.append(Key(event.digit))
             elif isinstance(event, exotel.Start):
                 agent, args = agent_and_args(self.request_path, event.agent, event.agent_args)
+                args.pop(exotel.SAMPLE_RATE_PARAMETER, None)  # the applet URL's, never an arg
                 out.append(CallStart(agent, args, usable_call_id(event.call_id), event.carrier))
             elif isinstance(event, exotel.Stop):
                 reason = "caller hung up" if event.caller_hung_up else f"stream {event.reason}"
