@@ -7,6 +7,7 @@ import asyncio
 import ctypes
 import io
 import json
+import os
 import subprocess
 import sys
 import wave
@@ -447,8 +448,14 @@ def agent_lm(tmp_path_factory: pytest.TempPathFactory) -> DomainLm:
     return build_domain_lm(phrases, cache_dir=tmp_path_factory.mktemp("lm"))
 
 
-@pytest.mark.parametrize("model", ["domain", "full"])
-@pytest.mark.parametrize("voice", ["joe", "espeak"])
+# The default setup on a clear voice is held to a bound every run; eSpeak's voice and the full
+# model are only reported for comparison (a minute of the suite's time): STT_ACCURACY_ALL=1.
+FIXTURE_RUNS = [("joe", "domain")]
+if os.environ.get("STT_ACCURACY_ALL") == "1":
+    FIXTURE_RUNS += [("espeak", "domain"), ("joe", "full"), ("espeak", "full")]
+
+
+@pytest.mark.parametrize(("voice", "model"), FIXTURE_RUNS)
 async def test_word_error_rate_on_the_fixtures(agent_lm: DomainLm, voice: str, model: str) -> None:
     """Reported per voice, sample rate and model; bounded where the default setup is used."""
     stt = PocketsphinxStt(agent_lm if model == "domain" else None)
