@@ -261,6 +261,9 @@ class AgentConfig(_Strict):
     # transfer_call tool when there are any; flows name one in a route's `transfer_call`.
     destinations: dict[str, str] = Field(default_factory=dict)
     send_dtmf: bool = False  # offer the LLM the send_dtmf tool (flows need no switch)
+    # Listen for an answering machine from the answer on (meant for calls the agent places):
+    # the `voicemail` event comes when the message can start (voice_agent.core.voicemail).
+    answering_machine: bool = False
     max_steps_per_turn: int = Field(default=8, ge=1)
     # Each replaces the config-wide `voice:` section of the same name for this agent.
     vad: VadSettings | None = None

@@ -24,6 +24,7 @@ from voice_agent.errors import ToolError
 TRANSFER_CALL_TOOL = "transfer_call"
 SEND_DTMF_TOOL = "send_dtmf"
 TRANSFER_FAILED_EVENT = "transfer_failed"
+VOICEMAIL_EVENT = "voicemail"  # an answering machine's message may start (answering_machine)
 DTMF_KEYS = frozenset("0123456789*#ABCD")
 MAX_DIGITS = 32  # an IVR menu path or an extension, not a data channel
 MAX_REASON_CHARS = 200

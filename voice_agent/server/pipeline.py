@@ -22,12 +22,18 @@ from voice_agent.core import call as core
 from voice_agent.core.pacing import SentencePacer
 from voice_agent.core.playback import Word
 from voice_agent.core.turns import TurnConfig
+from voice_agent.core.voicemail import BeepHeard, Human, Machine, VoicemailDetector
 from voice_agent.engines.stt import Stt, SttStream
 from voice_agent.engines.tts import Tts, TtsChunk
 from voice_agent.engines.vad import Vad
 from voice_agent.observability import call_context
 from voice_agent.runtime.audit import AuditEvent
-from voice_agent.runtime.call_control import TRANSFER_FAILED_EVENT, CallTransfer, SendDigits
+from voice_agent.runtime.call_control import (
+    TRANSFER_FAILED_EVENT,
+    VOICEMAIL_EVENT,
+    CallTransfer,
+    SendDigits,
+)
 from voice_agent.runtime.session import (
     AgentEvent,
     AgentSpeech,
@@ -186,6 +192,11 @@ class CallPipeline:
         self._pending_events: list[tuple[str, dict[str, Any]]] = []
         self._ending: str | None = None
         self._transfer: CallTransfer | None = None  # once the agent's last line has played
+        # The detector runs at the VAD's rate; its tone filters take 8 and 16 kHz.
+        self._machine: VoicemailDetector | None = None
+        self._machine_reason = ""
+        if session.agent.config.answering_machine and self.frame_rate in (8000, 16000):
+            self._machine = VoicemailDetector(self.frame_rate)
         self.ended = False
         self.finished = asyncio.Event()
         session.audit.subscribe(self._on_audit)
@@ -236,6 +247,8 @@ class CallPipeline:
             is_speech = self.vad.is_speech(frame)
             partial = self._stt.partial() if self._stt is not None else ""
             now_ms = (self._loop.time() - self._t0) * 1000
+            if self._machine is not None:
+                self._answering_machine(self._machine.frame(frame, is_speech, now_ms))
             actions = self.core.audio_frame(frame, is_speech, partial, now_ms)
             if actions:
                 self._apply(actions)
@@ -480,6 +493,29 @@ class CallPipeline:
         self._spawn(self.hang_up(reason))
 
     # ---- call control ------------------------------------------------------------------
+
+    def _answering_machine(self, decision: Human | Machine | BeepHeard | None) -> None:
+        """What the detector says, in the audit; once the message may start, the `voicemail`
+        event (its `reason` why a machine, `beep` whether one was heard)."""
+        if decision is None:
+            return
+        audit = self.session.audit
+        if isinstance(decision, Human):
+            audit.add("answering_machine", answer="person", after_ms=round(decision.after_ms))
+        elif isinstance(decision, Machine):
+            self._machine_reason = decision.reason
+            audit.add(
+                "answering_machine",
+                answer="machine",
+                reason=decision.reason,
+                after_ms=round(decision.after_ms),
+            )
+        else:
+            beep = not decision.assumed
+            audit.add("answering_machine", answer="message may start", beep=beep)
+            self._queue_event(VOICEMAIL_EVENT, {"reason": self._machine_reason, "beep": beep})
+        if self._machine is not None and self._machine.done:
+            self._machine = None
 
     def _send_digits(self, digits: str) -> None:
         send = getattr(self.out, "send_digits", None)
