@@ -317,6 +317,17 @@ class WebRtcSettings(_Strict):
 class ServerSettings(_Strict):
     """Where call records go, who may connect, and how long records are kept."""
 
+    @field_validator("control_listen")
+    @classmethod
+    def _control(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)  # ValueError says what is wrong
+        return value
+
+    # "HOST:PORT" of the control API (POST /calls: voice_agent/server/control_api.py); off when
+    # unset. Keep it off the public balancer.
+    control_listen: str | None = None
+
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:
@@ -357,6 +368,25 @@ class ServerSettings(_Strict):
 
 
 DigestAlgorithm = Literal["MD5", "SHA-256"]
+
+
+class SipTrunk(_Strict):
+    """Where calls the server places go (`POST /calls`): a SIP trunk or PBX taking INVITEs."""
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        split_host_port(value)  # ValueError says what is wrong
+        return value
+
+    address: str  # "HOST:PORT" of the trunk (an IP address: no DNS lookups)
+    # Digest credentials, if the trunk challenges: the user name and the secret holding the
+    # password.
+    username: str | None = None
+    password_secret: str | None = None
+    caller_id: str = "voice-agent"  # the From user part: the number the callee sees
+    ring_timeout_s: float = Field(default=45.0, gt=0, le=300)
+    calls_per_minute: int = Field(default=10, ge=1)  # placed calls, a guard against abuse
 
 
 class SipSettings(_Strict):
@@ -410,6 +440,7 @@ class SipSettings(_Strict):
     heard_delay_ms: float = Field(default=60.0, ge=0, le=1000)
     # Ring (180) this long before answering; 0 answers at once.
     answer_after_ms: float = Field(default=0.0, ge=0, le=60_000)
+    trunk: SipTrunk | None = None  # for calls the server places; none: POST /calls is off
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -116,3 +116,53 @@ def write_rtp_pcap(
 
 def ulaw_to_alaw(data: bytes) -> bytes:
     return alaw_encode(ulaw_decode(data))
+
+
+class SippCallee:
+    """sipp as the far end of a call the server places: it listens on a free port (the
+    server's trunk address), answers one call as `scenario_file` says, then exits."""
+
+    def __init__(
+        self, folder: Path, scenario_file: Path, *, port: int, timeout_s: float = 60.0
+    ) -> None:
+        assert SIPP is not None, "sipp is missing: scripts/test installs sip-tester"
+        self.folder = folder
+        self.scenario_file = scenario_file
+        self.timeout_s = timeout_s
+        self.port = port
+        self._process: asyncio.subprocess.Process | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        assert SIPP is not None
+        command = [
+            SIPP, "-sf", str(self.scenario_file), "-m", "1", "-i", "127.0.0.1",
+            "-p", str(self.port), "-mp", str(free_udp_port() & ~1),
+            "-timeout", f"{int(self.timeout_s)}s", "-timeout_error", "-trace_msg",
+            "-message_file", str(self.folder / "messages.log"), "-nostdin",
+        ]  # fmt: skip
+        self._process = await asyncio.create_subprocess_exec(
+            *command,
+            cwd=self.folder,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+
+    async def result(self) -> SippResult:
+        assert self._process is not None
+        out, err = await asyncio.wait_for(self._process.communicate(), self.timeout_s + 10)
+        log = self.folder / "messages.log"
+        return SippResult(
+            self._process.returncode if self._process.returncode is not None else -1,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            log.read_text(errors="replace") if log.exists() else "",
+        )
+
+    async def stop(self) -> None:
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()

@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ from websockets.typing import Subprotocol
 
 from voice_agent import __version__
 from voice_agent.audio.codec import CarrierFormat
-from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSettings
+from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSettings, split_host_port
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.tts import TtsConfig, make_tts
 from voice_agent.engines.vad import VadConfig, make_vad
@@ -59,6 +60,7 @@ from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
 from voice_agent.server.carriers import CARRIERS, carrier_endpoint
+from voice_agent.server.control_api import CallRequest, ControlApi, RateLimit
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
 from voice_agent.server.media_socket import MediaConnection
 from voice_agent.server.pages import calls_view_response, static_response
@@ -101,14 +103,19 @@ def _select_subprotocol(connection: ServerConnection, offered: Sequence[Subproto
 TOKEN_ENV = "VOICE_AGENT_TOKEN"  # a token from the environment, for containers
 
 
-def access_policy(registry: AgentRegistry) -> AccessPolicy:
+def api_tokens(registry: AgentRegistry) -> list[str]:
     """Tokens from the secrets `server.api_tokens` names, plus $VOICE_AGENT_TOKEN."""
+    tokens = tokens_from_secrets(registry.loaded.config.server.api_tokens, registry.secrets)
+    if os.environ.get(TOKEN_ENV):
+        tokens.append(os.environ[TOKEN_ENV])
+    return tokens
+
+
+def access_policy(registry: AgentRegistry) -> AccessPolicy:
     config = registry.loaded.config
     settings = config.server
     secrets = registry.secrets
-    tokens = tokens_from_secrets(settings.api_tokens, secrets)
-    if os.environ.get(TOKEN_ENV):
-        tokens.append(os.environ[TOKEN_ENV])
+    tokens = api_tokens(registry)
     twilio_name = settings.twilio_auth_token
     if twilio_name and twilio_name not in secrets:
         raise ConfigError(
@@ -223,6 +230,17 @@ class VoiceServer:
             weakref.WeakKeyDictionary()
         )
         self.access = access_policy(registry)
+        trunk = self.sip.trunk if self.sip is not None else None
+        self.control = (
+            ControlApi(
+                tokens=api_tokens(registry),
+                place=self.place_call,
+                rate_limit=RateLimit(trunk.calls_per_minute) if trunk is not None else None,
+                has_trunk=trunk is not None,
+            )
+            if server_settings.control_listen
+            else None
+        )
         self.data_dir = data_dir_of(registry)
         self.recording = registry.loaded.config.server.recording
         self._pruner: asyncio.Task[None] | None = None
@@ -380,6 +398,43 @@ class VoiceServer:
             "call %s started on %s with agent %s", session.call_id, transport, session.agent.name
         )
         return pipeline
+
+    async def place_call(self, request: CallRequest) -> str:
+        """POST /calls: dial through the SIP trunk; the call's id, at once (LookupError for
+        an agent that does not exist)."""
+        assert self.sip is not None
+        agent = request.agent or self.registry.loaded.config.default_agent
+        if agent not in self.registry.agents:
+            raise LookupError(f"no agent named {agent!r}")
+        call_id = uuid.uuid4().hex
+        task = self.sip.place_call(
+            call_id=call_id, agent=agent, target=request.to, args=request.args
+        )
+        log.info("call %s: dialling %s for agent %s", call_id, request.to, agent)
+
+        def done(finished: asyncio.Task[tuple[str, bool]]) -> None:
+            if finished.cancelled() or finished.exception() is not None:
+                reason, answered = "call failed: the server stopped dialling", False
+            else:
+                reason, answered = finished.result()
+            if not answered:
+                self._record_unanswered(call_id, agent, request, reason)
+
+        task.add_done_callback(done)
+        return call_id
+
+    def _record_unanswered(
+        self, call_id: str, agent: str, request: CallRequest, reason: str
+    ) -> None:
+        """A placed call that never reached the agent: a record with how it ended."""
+        now = now_iso()
+        state = {**request.args, "callee": request.to}
+        self.store.call_started(call_id, agent=agent, transport="sip", started_at=now, state=state)
+        self.store.audit(call_id, {"type": "dial", "t": 0.0, "to": request.to, "result": reason})
+        outcome = outcome_for(reason)
+        self.store.call_ended(call_id, ended_at=now_iso(), outcome=outcome, reason=reason)
+        self.metrics.call_ended("sip", outcome)
+        log.info("call %s to %s: %s", call_id, request.to, reason)
 
     def _call_ended(self, pipeline: CallPipeline, reason: str) -> None:
         call_id = pipeline.session.call_id
@@ -627,6 +682,9 @@ class VoiceServer:
             await self.sip.start()
         if self.audiosocket is not None:
             await self.audiosocket.start()
+        control = self.registry.loaded.config.server.control_listen
+        if self.control is not None and control:
+            await self.control.start(*split_host_port(control))
         if self.shared_metrics is not None:
             self.shared_metrics.start()
 
@@ -654,6 +712,8 @@ class VoiceServer:
             for pipeline in list(self.pipelines.values()):
                 pipeline.out.close(1001, "server shutting down")
                 await pipeline.hang_up("server shutting down")
+        if self.control is not None:
+            await self.control.stop()
         if self.sip is not None:
             await self.sip.stop()
         if self.audiosocket is not None:

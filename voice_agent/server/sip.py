@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from voice_agent.config import SipSettings, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.server.pipeline import CallPipeline
+from voice_agent.sip import uac as outbound
 from voice_agent.sip import uas as sip
 from voice_agent.sip.auth import DigestAuthenticator
 from voice_agent.sip.guard import parse_networks
@@ -115,6 +116,17 @@ class RtpPorts:
             self._free.append(port)
 
 
+def failure_reason(failed: outbound.Failed) -> str:
+    """A placed call's end reason when it was never answered: its outcome first (the store
+    files it as busy, no_answer or failed), then what the far end said."""
+    said = f"{failed.status} {failed.reason}".strip()
+    if failed.outcome == "busy":
+        return f"busy: {said}"
+    if failed.outcome in ("no answer", "cancelled"):
+        return f"no answer: {said}"
+    return f"call failed: {said} ({failed.outcome})"
+
+
 def refer_target(target: str, trunk_host: str) -> str:
     """What a REFER's Refer-To names: a SIP URI as configured; a phone number (or tel: URI)
     at the host the call came from, the trunk or PBX that can dial it."""
@@ -141,7 +153,8 @@ class _RtpProtocol(asyncio.DatagramProtocol):
 class _LiveCall:
     gateway: SipGateway
     call_id: str
-    incoming: sip.IncomingCall
+    incoming: sip.IncomingCall | None  # None: a call the server placed
+    peer_host: str  # the caller's signalling host, or the trunk's: RTP is taken from it too
     confirmed: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Future[str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
@@ -156,6 +169,10 @@ class _LiveCall:
     transfer: asyncio.Future[str | None] | None = None
     transfer_to: str = ""
     transfer_accepted: bool = False
+
+    @property
+    def outbound(self) -> bool:
+        return self.incoming is None
 
     def end(self, reason: str) -> None:
         if self.transfer is not None and not self.transfer.done():
@@ -271,6 +288,22 @@ class SipGateway:
                 )
             credentials[user] = secrets[secret]
         self._credentials = credentials
+        self.trunk = settings.trunk
+        self._trunk_credentials: outbound.Credentials | None = None
+        if self.trunk is not None:
+            try:
+                self._trunk_addr: Addr = split_host_port(self.trunk.address)
+            except ValueError as exc:
+                raise ConfigError(str(exc), key="sip.trunk.address") from None
+            if self.trunk.username is not None:
+                secret = self.trunk.password_secret or ""
+                if secret not in secrets:
+                    raise ConfigError(
+                        f"sip.trunk.password_secret names secret {secret!r}, which is not set:"
+                        f" voice-agent secrets set {secret or 'NAME'}",
+                        key="sip.trunk.password_secret",
+                    )
+                self._trunk_credentials = outbound.Credentials(self.trunk.username, secrets[secret])
         self._networks = (
             parse_networks(settings.allowed_sources)
             if settings.allowed_sources is not None
@@ -279,13 +312,14 @@ class SipGateway:
         self.ports = RtpPorts(settings.rtp_port_min, settings.rtp_port_max)
         self.calls: dict[str, _LiveCall] = {}
         self.uas: sip.UserAgentServer | None = None
+        self.uac: outbound.UserAgentClient | None = None  # calls the server places
         self._transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._ticker: asyncio.TimerHandle | None = None
         self._pacer: Pacer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.send_lateness_ms: list[float] = []  # the ticks' lateness, for the load report
         self.record_lateness = False
 
@@ -322,6 +356,15 @@ class SipGateway:
                 max_auth_failures_per_minute=self._max_failures,
             )
         )
+        if self.trunk is not None:
+            self.uac = outbound.UserAgentClient(
+                outbound.UacSettings(
+                    host=self.public,
+                    port=self.port,
+                    trunk=self._trunk_addr,
+                    ring_timeout_ms=self.trunk.ring_timeout_s * 1000,
+                )
+            )
         log.info("SIP on udp %s:%d (contact %s)", self.host, self.port, self.public)
 
     async def stop(self, reason: str = "server shutting down") -> None:
@@ -348,8 +391,13 @@ class SipGateway:
     def datagram(self, data: bytes, source: Addr) -> None:
         if self.uas is None:
             return
+        actions: Sequence[sip.Action | outbound.Action]
         try:
-            actions = self.uas.datagram(data, source, self.now_ms())
+            if self.uac is not None and self.uac.claims(data):
+                # Our trunk's responses and the callee's requests in a call we placed.
+                actions = self.uac.datagram(data, source, self.now_ms())
+            else:
+                actions = self.uas.datagram(data, source, self.now_ms())
         except Exception:
             # A bug, not the peer's fault: this datagram is lost, the port and its calls go on.
             log.exception("sip: a datagram from %s:%d could not be handled", *source)
@@ -369,7 +417,10 @@ class SipGateway:
             call.end(reason)
 
     def _send_bye(self, call_id: str, reason: str) -> None:
-        if self.uas is not None:  # a caller's own BYE meanwhile makes this a no-op
+        # A caller's own BYE meanwhile makes this a no-op.
+        if self.uac is not None and call_id in self.uac.calls:
+            self._apply(self.uac.hang_up(call_id, self.now_ms(), reason))
+        elif self.uas is not None:
             self._apply(self.uas.hang_up(call_id, self.now_ms(), reason))
 
     async def transfer(self, call: _LiveCall, transfer: CallTransfer) -> str | None:
@@ -377,7 +428,7 @@ class SipGateway:
         assert self.uas is not None
         if call.transfer is not None and not call.transfer.done():
             return "a transfer is already under way"
-        target = refer_target(transfer.target, call.incoming.source[0])
+        target = refer_target(transfer.target, call.peer_host)
         call.transfer = asyncio.get_running_loop().create_future()
         call.transfer_to, call.transfer_accepted = transfer.destination, False
         self._apply(self.uas.transfer(call.call_id, target, self.now_ms()))
@@ -390,14 +441,14 @@ class SipGateway:
                 return None
             return f"no answer to the REFER in {TRANSFER_WAIT_S:g} s"
 
-    def _apply(self, actions: list[sip.Action]) -> None:
+    def _apply(self, actions: Sequence[sip.Action | outbound.Action]) -> None:
         call: _LiveCall | None
         for action in actions:
             if isinstance(action, sip.Send):
                 if self._transport is not None:
                     self._transport.sendto(action.data, action.addr)
             elif isinstance(action, sip.IncomingCall):
-                new = _LiveCall(self, action.call_id, action)
+                new = _LiveCall(self, action.call_id, action, action.source[0])
                 self.calls[action.call_id] = new
                 task = asyncio.ensure_future(self._run(new))
                 self._tasks.add(task)
@@ -424,6 +475,17 @@ class SipGateway:
                 call = self.calls.get(action.call_id)
                 if call is not None:
                     call.end(action.reason)
+            elif isinstance(action, outbound.Answered):
+                call = self.calls.get(action.call_id)
+                if call is not None:
+                    call.negotiated = action.negotiated
+                    call.confirmed.set()
+            elif isinstance(action, outbound.Failed):
+                call = self.calls.get(action.call_id)
+                if call is not None:
+                    call.end(failure_reason(action))
+            elif isinstance(action, outbound.Ringing):
+                log.info("sip call %s: ringing (%d)", action.call_id, action.status)
             elif isinstance(action, sip.TransferAccepted):
                 call = self.calls.get(action.call_id)
                 if call is not None:
@@ -453,7 +515,10 @@ class SipGateway:
 
     def _schedule(self) -> None:
         assert self.uas is not None and self._loop is not None
-        deadline = self.uas.next_deadline_ms()
+        deadlines = [self.uas.next_deadline_ms()]
+        if self.uac is not None:
+            deadlines.append(self.uac.next_deadline_ms())
+        deadline = min((d for d in deadlines if d is not None), default=None)
         if deadline is None or deadline == self._timer_at:
             return
         if self._timer is not None:
@@ -466,6 +531,65 @@ class SipGateway:
         self._timer_at = None
         if self.uas is not None:
             self._apply(self.uas.tick(self.now_ms()))
+        if self.uac is not None:
+            self._apply(self.uac.tick(self.now_ms()))
+
+    # ---- calls the server places -----------------------------------------------------------
+
+    def place_call(
+        self, *, call_id: str, agent: str, target: str, args: dict[str, Any]
+    ) -> asyncio.Task[tuple[str, bool]]:
+        """Dial `target` (a SIP URI, or a number the trunk routes) through the trunk; the
+        agent starts when the callee answers, as call `call_id`. The task's result is how the
+        call ended and whether it was answered (else no pipeline made a record of it)."""
+        task = asyncio.ensure_future(self._place(call_id, agent, target, args))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _place(
+        self, call_id: str, agent: str, target: str, args: dict[str, Any]
+    ) -> tuple[str, bool]:
+        assert self.uac is not None and self.trunk is not None
+        refusal = self._admit(TRANSPORT)
+        if refusal is not None:
+            return f"call failed: {refusal}", False
+        try:
+            sock = self.ports.bind(self.host)
+        except VoiceAgentError as exc:
+            return f"call failed: {exc}", False
+        port = sock.getsockname()[1]
+        host = f"[{self.public}]" if ":" in self.public else self.public
+        actions = self.uac.dial(
+            call_id,
+            refer_target(target, self._trunk_addr[0]),
+            f"sip:{self.trunk.caller_id}@{host}",
+            self.public,
+            port,
+            self.now_ms(),
+            self._trunk_credentials,
+        )
+        dialing = next(a for a in actions if isinstance(a, outbound.Dialing))
+        call = _LiveCall(self, dialing.call_id, None, self._trunk_addr[0], port=port)
+        self.calls[call.call_id] = call
+        reason = "call failed: not answered"
+        try:
+            assert self._loop is not None
+            call.transport, _ = await self._loop.create_datagram_endpoint(
+                lambda: _RtpProtocol(call), sock=sock
+            )
+            self._apply(actions)
+            confirmed = asyncio.ensure_future(call.confirmed.wait())
+            await _first(confirmed, call.ended)
+            confirmed.cancel()
+            if call.ended.done():
+                reason = call.ended.result()
+                return reason, False
+            callee = {"callee": target, "caller": self.trunk.caller_id}
+            reason = await self._converse(call, agent, {**callee, **args}, call_id)
+            return reason, True
+        finally:
+            await self._finish(call, reason)
 
     # ---- one call ------------------------------------------------------------------------
 
@@ -474,6 +598,7 @@ class SipGateway:
         reason = "caller hung up"
         try:
             refusal = self._admit(TRANSPORT)
+            assert call.incoming is not None  # _run takes the calls that came in
             route = route_call(call.incoming.invite, self.settings, self._agents)
             if refusal is not None:
                 self._apply(self.uas.reject(call.call_id, 503, self.now_ms(), refusal))
@@ -507,53 +632,63 @@ class SipGateway:
             if call.ended.done():
                 reason = call.ended.result()
                 return
-            assert call.negotiated is not None  # CallConfirmed carries it
-            call.media = RtpSession(
-                call.negotiated,
-                signalling_host=call.incoming.source[0],
-                heard_delay_ms=self.settings.heard_delay_ms,
-            )
-            carrier = CarrierFormat(call.media.encoding, SAMPLE_RATE)
-            try:
-                call.pipeline = await self._start_call(
-                    transport=TRANSPORT,
-                    agent=route.agent,
-                    args=route.args,
-                    call_id=None,
-                    carrier=carrier,
-                    out=SipOutbound(self, call, call.media),
-                )
-            except VoiceAgentError as exc:
-                reason = f"call could not start: {exc}"
-                self.hang_up(call.call_id, reason)
-                return
-            log.info(
-                "sip call %s from %s is call %s",
-                call.call_id,
-                route.args.get("caller", "?"),
-                call.pipeline.session.call_id,
-            )
-            self._start_ticker()
-            await call.pipeline.start()
-            finished = asyncio.ensure_future(call.pipeline.finished.wait())
-            await _first(finished, call.ended)
-            finished.cancel()
-            if call.ended.done():
-                reason = call.ended.result()
-            else:
-                reason = "call ended"
-                self.hang_up(call.call_id, reason)
+            reason = await self._converse(call, route.agent, route.args, None)
         finally:
-            if call.pipeline is not None:
-                if call.media is not None:
-                    # What the line carried, in the call's audit: packets, losses, strays.
-                    call.pipeline.session.audit.add("rtp", **_media_report(call.media))
-                await call.pipeline.hang_up(reason)
-            if call.transport is not None:
-                call.transport.close()
-            if call.port is not None:
-                self.ports.release(call.port)
-            self.calls.pop(call.call_id, None)
+            await self._finish(call, reason)
+
+    async def _converse(
+        self, call: _LiveCall, agent: str | None, args: dict[str, Any], call_id: str | None
+    ) -> str:
+        """The call, once its media is agreed: RTP and the agent until either side ends it;
+        why it ended."""
+        assert call.negotiated is not None  # CallConfirmed or Answered carries it
+        call.media = RtpSession(
+            call.negotiated,
+            signalling_host=call.peer_host,
+            heard_delay_ms=self.settings.heard_delay_ms,
+        )
+        carrier = CarrierFormat(call.media.encoding, SAMPLE_RATE)
+        try:
+            call.pipeline = await self._start_call(
+                transport=TRANSPORT,
+                agent=agent,
+                args=args,
+                call_id=call_id,
+                carrier=carrier,
+                out=SipOutbound(self, call, call.media),
+            )
+        except VoiceAgentError as exc:
+            reason = f"call could not start: {exc}"
+            self.hang_up(call.call_id, reason)
+            return reason
+        log.info(
+            "sip call %s %s %s is call %s",
+            call.call_id,
+            "to" if call.outbound else "from",
+            args.get("callee" if call.outbound else "caller", "?"),
+            call.pipeline.session.call_id,
+        )
+        self._start_ticker()
+        await call.pipeline.start()
+        finished = asyncio.ensure_future(call.pipeline.finished.wait())
+        await _first(finished, call.ended)
+        finished.cancel()
+        if call.ended.done():
+            return call.ended.result()
+        self.hang_up(call.call_id, "call ended")
+        return "call ended"
+
+    async def _finish(self, call: _LiveCall, reason: str) -> None:
+        if call.pipeline is not None:
+            if call.media is not None:
+                # What the line carried, in the call's audit: packets, losses, strays.
+                call.pipeline.session.audit.add("rtp", **_media_report(call.media))
+            await call.pipeline.hang_up(reason)
+        if call.transport is not None:
+            call.transport.close()
+        if call.port is not None:
+            self.ports.release(call.port)
+        self.calls.pop(call.call_id, None)
 
     # ---- the media clock -----------------------------------------------------------------
 

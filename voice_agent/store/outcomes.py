@@ -19,6 +19,10 @@ reason                                             outcome           where it co
 "no ACK from the caller", "media failed: ..."     error             sip: a 2xx never acknowledged,
                                                                      a call's RTP tick failed
 "AudioSocket error ..."                            error             audiosocket: Asterisk's 0xff
+"callee hung up"                                   caller_hung_up    sip: a placed call's far end
+"busy: ..."                                        busy              sip: an outbound call, 486/600
+"no answer: ..."                                   no_answer         sip: 480/408/487, ring timeout
+"call failed: ..."                                 failed            sip: a bad number, refused, ...
 "server shutting down"                             interrupted       VoiceServer.shutdown()
 "interrupted..."                                   interrupted       the store: its writer died
 anything else                                      error             a reason no rule knows yet
@@ -40,8 +44,23 @@ AGENT_ENDED: Final = "agent_ended"
 TRANSFERRED: Final = "transferred"
 ERROR: Final = "error"
 INTERRUPTED: Final = "interrupted"
+# A call the server placed that was never answered: the callee's line was busy, nobody picked
+# up, or the number or the trunk refused it.
+BUSY: Final = "busy"
+NO_ANSWER: Final = "no_answer"
+FAILED: Final = "failed"
 
-OUTCOMES: Final = (COMPLETED, CALLER_HUNG_UP, AGENT_ENDED, TRANSFERRED, ERROR, INTERRUPTED)
+OUTCOMES: Final = (
+    COMPLETED,
+    CALLER_HUNG_UP,
+    AGENT_ENDED,
+    TRANSFERRED,
+    ERROR,
+    INTERRUPTED,
+    BUSY,
+    NO_ANSWER,
+    FAILED,
+)
 
 _EXACT: Final = {
     "completed": COMPLETED,
@@ -49,6 +68,7 @@ _EXACT: Final = {
     "agent ended the call": AGENT_ENDED,
     "caller hung up": CALLER_HUNG_UP,
     "caller hung up before the call connected": CALLER_HUNG_UP,
+    "callee hung up": CALLER_HUNG_UP,
     "connection lost": ERROR,
     "server shutting down": INTERRUPTED,
 }
@@ -60,6 +80,9 @@ _PREFIXES: Final = (
     ("transfer", TRANSFERRED),
     ("interrupted", INTERRUPTED),
     ("protocol error", ERROR),
+    ("busy", BUSY),
+    ("no answer", NO_ANSWER),
+    ("call failed", FAILED),
     ("ice failed", ERROR),
     ("client is not reading", ERROR),
 )
