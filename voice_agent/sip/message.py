@@ -210,7 +210,7 @@ def _headers(lines: list[str]) -> list[tuple[str, str]]:
         key = _header_key(name)
         value = value.strip()
         if key in _LISTS:
-            headers.extend((key, part.strip()) for part in _split_commas(value) if part.strip())
+            headers.extend((key, part.strip()) for part in split_commas(value) if part.strip())
         else:
             headers.append((key, value))
         if len(headers) > MAX_HEADERS:
@@ -218,8 +218,8 @@ def _headers(lines: list[str]) -> list[tuple[str, str]]:
     return headers
 
 
-def _split_commas(value: str) -> list[str]:
-    """Split at commas outside quotes and angle brackets."""
+def split_commas(value: str) -> list[str]:
+    """Split at commas outside quotes and angle brackets (empty parts kept)."""
     parts, depth, quoted, start = [], 0, False, 0
     for i, char in enumerate(value):
         if char == '"':
@@ -322,3 +322,23 @@ def build_response(
     lines.extend(f"{name}: {value}" for name, value in headers or [])
     lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + body
+
+
+def required_extensions(request: SipMessage) -> set[str]:
+    """The option tags of a request's Require headers (section 8.2.2.3), lower case."""
+    return {
+        tag.strip().lower()
+        for value in request.get_all("require")
+        for tag in value.split(",")
+        if tag.strip()
+    }
+
+
+def host_in_uri(host: str) -> str:
+    """A host as a URI or Via writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def quoted(text: str) -> str:
+    """`text` for a quoted-string (a Reason's text), escaped and cut to 200 characters."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')[:200]

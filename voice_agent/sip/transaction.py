@@ -12,10 +12,11 @@ retransmission, and a flood of refused requests leaves no state behind.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from voice_agent.sip.message import SipMessage, SipParseError
+from voice_agent.sip.message import SipMessage, SipParseError, parse_via
 
 T1_MS = 500.0  # round-trip estimate (section 17.1.1.1)
 T2_MS = 4000.0  # the longest retransmit interval for non-INVITE requests and INVITE responses
@@ -117,3 +118,41 @@ class ResponseCache:
             if expires_ms > now_ms:
                 return
             del self._entries[key]
+
+
+_RPORT = re.compile(r";\s*rport(?=\s*(;|$))", re.IGNORECASE)
+
+
+def response_addr(request: SipMessage, source: Addr) -> Addr:
+    """Where a response goes (section 18.2.2 with RFC 3581): to the source port if the client
+    asked (rport), else to the port in its Via, at the address the request came from."""
+    via = request.vias[0]
+    if "rport" in via.params:
+        return source
+    port = via.sent_by.rpartition(":")[2] if not via.sent_by.endswith("]") else ""
+    return (source[0], int(port) if port.isdigit() else 5060)
+
+
+def with_received(request: SipMessage, source: Addr) -> SipMessage:
+    """The request with `received` and `rport` filled in its top Via (section 18.2.1, RFC
+    3581), so every response built from it carries them back."""
+    for index, (name, value) in enumerate(request.headers):
+        if name != "via":
+            continue
+        via = parse_via(value)
+        host = via.sent_by.rsplit(":", 1)[0] if not via.sent_by.endswith("]") else via.sent_by
+        new = value
+        asked_rport = "rport" in via.params and via.params["rport"] is None
+        if asked_rport:
+            new = _RPORT.sub(f";rport={source[1]}", new, count=1)
+        # RFC 3581 section 4: with rport, received is added even when it repeats the host.
+        if (asked_rport or host.strip("[]") != source[0]) and "received" not in via.params:
+            new = f"{new};received={source[0]}"
+        if new == value:
+            return request
+        headers = list(request.headers)
+        headers[index] = (name, new)
+        return SipMessage(
+            headers=headers, body=request.body, method=request.method, uri=request.uri
+        )
+    return request

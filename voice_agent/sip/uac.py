@@ -73,9 +73,12 @@ from voice_agent.sip.message import (
     SipMessage,
     SipParseError,
     build_response,
+    host_in_uri,
     name_addr_uri,
     parse_message,
-    parse_via,
+    quoted,
+    required_extensions,
+    split_commas,
 )
 from voice_agent.sip.transaction import (
     MAGIC_COOKIE,
@@ -84,7 +87,9 @@ from voice_agent.sip.transaction import (
     ResponseCache,
     Retransmission,
     TransactionKey,
+    response_addr,
     transaction_key,
+    with_received,
 )
 from voice_agent.sip.uas import CallEnded, DtmfReceived, MediaChanged, Send
 
@@ -102,7 +107,6 @@ _KNOWN_METHODS = {
     "UPDATE",
 }
 _REQUIRED = ("via", "from", "to", "call-id", "cseq")
-_RPORT = re.compile(r";\s*rport(?=\s*(;|$))", re.IGNORECASE)
 _CALL_ID_CHARS = re.compile(r"[^A-Za-z0-9.!%*_+`'~@-]")
 _URI = re.compile(r"(?i)(sips?|tel):[^\s<>\"]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -666,8 +670,8 @@ class UserAgentClient:
                 raise SipParseError(f"CSeq method {cseq_method} is not {request.method}")
             request.from_tag  # noqa: B018 - read now, so a bad one is a 400 here
             to_tag = request.to_tag
-            request = _with_received(request, source)
-            addr = _response_addr(request, source)
+            request = with_received(request, source)
+            addr = response_addr(request, source)
         except SipParseError:
             if request.method == "ACK":
                 return []
@@ -689,7 +693,7 @@ class UserAgentClient:
         if method == "CANCEL":
             # A re-INVITE is answered at once: nothing is left to cancel (section 9.2).
             return self._reply(request, addr, 200, key, now_ms)
-        unsupported = _unsupported(request)
+        unsupported = ", ".join(sorted(required_extensions(request)))
         if unsupported:
             # Section 8.2.2.3.
             return self._reply(request, addr, 420, key, now_ms, [("Unsupported", unsupported)])
@@ -774,7 +778,7 @@ class UserAgentClient:
 
     @property
     def _via_host(self) -> str:
-        return f"{_host_in_uri(self.settings.host)}:{self.settings.port}"
+        return f"{host_in_uri(self.settings.host)}:{self.settings.port}"
 
     def _contact(self) -> str:
         return f"<sip:{self._via_host}>"
@@ -838,7 +842,7 @@ class UserAgentClient:
             f"Call-ID: {invite.call_id}",
             f"CSeq: {call.invite.cseq} CANCEL",
             f"User-Agent: {self.settings.user_agent}",
-            f'Reason: SIP;cause=487;text="{_quoted(call.cancel_reason or "")}"',
+            f'Reason: SIP;cause=487;text="{quoted(call.cancel_reason or "")}"',
             "Content-Length: 0",
         ]
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
@@ -918,7 +922,7 @@ class UserAgentClient:
             if not request.get("via"):
                 return []
             response = build_response(request, 400, headers=[("Server", self.settings.user_agent)])
-            return [Send(response, _response_addr(request, source))]
+            return [Send(response, response_addr(request, source))]
         except SipParseError:
             return []
 
@@ -941,7 +945,12 @@ def dialog_from_response(
     remote CSeq yet (0), our CSeq the INVITE's. Dialog.request then builds BYE with From ours
     and To theirs; Dialog.matches takes the callee's requests (our tag in To)."""
     contact = response.get("contact")
-    routes = [route for value in response.get_all("record-route") for route in _split(value)]
+    routes = [
+        part.strip()
+        for value in response.get_all("record-route")
+        for part in split_commas(value)
+        if part.strip()
+    ]
     return Dialog(
         call_id=response.call_id,
         local_tag=local_tag,
@@ -991,10 +1000,10 @@ def digest_authorization(
     ha1 = digest(f"{credentials.username}:{realm}:{credentials.password}")
     ha2 = digest(f"{method}:{uri}")
     fields = [
-        f'username="{_quoted(credentials.username)}"',
-        f'realm="{_quoted(realm)}"',
-        f'nonce="{_quoted(nonce)}"',
-        f'uri="{_quoted(uri)}"',
+        f'username="{quoted(credentials.username)}"',
+        f'realm="{quoted(realm)}"',
+        f'nonce="{quoted(nonce)}"',
+        f'uri="{quoted(uri)}"',
     ]
     if qops:
         count = f"{nc:08x}"
@@ -1002,7 +1011,7 @@ def digest_authorization(
         fields += [
             f'response="{response}"',
             f"algorithm={algorithm}",
-            f'cnonce="{_quoted(cnonce)}"',
+            f'cnonce="{quoted(cnonce)}"',
             "qop=auth",
             f"nc={count}",
         ]
@@ -1010,7 +1019,7 @@ def digest_authorization(
         response = digest(f"{ha1}:{nonce}:{ha2}")  # RFC 2069's form, section 22.4
         fields += [f'response="{response}"', f"algorithm={algorithm}"]
     if "opaque" in params:
-        fields.append(f'opaque="{_quoted(params["opaque"])}"')
+        fields.append(f'opaque="{quoted(params["opaque"])}"')
     return "Digest " + ", ".join(fields)
 
 
@@ -1070,72 +1079,3 @@ def _name_addr(uri: str) -> str:
     if not _URI.fullmatch(name_addr_uri(value)) or "tag=" in value.rpartition(">")[2]:
         raise ValueError(f"From {value[:80]!r} is not a name-addr without a tag")
     return value
-
-
-def _split(value: str) -> list[str]:
-    """One header's comma-separated values, commas inside <...> and quotes kept."""
-    parts, depth, quoted, start = [], 0, False, 0
-    for index, char in enumerate(value):
-        if char == '"':
-            quoted = not quoted
-        elif not quoted and char == "<":
-            depth += 1
-        elif not quoted and char == ">":
-            depth = max(0, depth - 1)
-        elif char == "," and not quoted and depth == 0:
-            parts.append(value[start:index])
-            start = index + 1
-    parts.append(value[start:])
-    return [part.strip() for part in parts if part.strip()]
-
-
-def _unsupported(request: SipMessage) -> str:
-    required = {
-        tag.strip().lower()
-        for value in request.get_all("require")
-        for tag in value.split(",")
-        if tag.strip()
-    }
-    return ", ".join(sorted(required))
-
-
-def _response_addr(request: SipMessage, source: Addr) -> Addr:
-    """Section 18.2.2 with RFC 3581: to the source port if the client asked (rport), else to
-    the port in its Via, at the address the request came from."""
-    via = request.vias[0]
-    if "rport" in via.params:
-        return source
-    port = via.sent_by.rpartition(":")[2] if not via.sent_by.endswith("]") else ""
-    return (source[0], int(port) if port.isdigit() else 5060)
-
-
-def _with_received(request: SipMessage, source: Addr) -> SipMessage:
-    """The request with `received` and `rport` filled in its top Via (section 18.2.1, RFC
-    3581), so the responses built from it carry them back."""
-    for index, (name, value) in enumerate(request.headers):
-        if name != "via":
-            continue
-        via = parse_via(value)
-        host = via.sent_by.rsplit(":", 1)[0] if not via.sent_by.endswith("]") else via.sent_by
-        new = value
-        asked_rport = "rport" in via.params and via.params["rport"] is None
-        if asked_rport:
-            new = _RPORT.sub(f";rport={source[1]}", new, count=1)
-        if (asked_rport or host.strip("[]") != source[0]) and "received" not in via.params:
-            new = f"{new};received={source[0]}"
-        if new == value:
-            return request
-        headers = list(request.headers)
-        headers[index] = (name, new)
-        return SipMessage(
-            headers=headers, body=request.body, method=request.method, uri=request.uri
-        )
-    return request
-
-
-def _host_in_uri(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')[:200]

@@ -54,9 +54,12 @@ from voice_agent.sip.message import (
     SipMessage,
     SipParseError,
     build_response,
+    host_in_uri,
     name_addr_uri,
     parse_message,
     parse_via,
+    quoted,
+    required_extensions,
 )
 from voice_agent.sip.transaction import (
     TIMEOUT_MS,
@@ -64,7 +67,9 @@ from voice_agent.sip.transaction import (
     ResponseCache,
     Retransmission,
     TransactionKey,
+    response_addr,
     transaction_key,
+    with_received,
 )
 
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY"
@@ -80,7 +85,6 @@ KNOWN_METHODS = {
 }
 SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
 _REQUIRED = ("via", "from", "to", "call-id", "cseq")
-_RPORT = re.compile(r";\s*rport(?=\s*(;|$))", re.IGNORECASE)
 
 CallState = Literal["offered", "answered", "confirmed", "ended"]
 
@@ -304,14 +308,18 @@ class UserAgentServer:
                     name_addr_uri(value)
         except SipParseError as error:
             return self._bad_request(message, source, str(error))
-        message = _with_received(message, source)
+        message = with_received(message, source)
         if message.method == "ACK":
             return self._ack(message, number, now_ms)
         cached = self.responses.get(key, now_ms)
         if cached is not None:
             return [Send(cached, self._response_addr(message, source))]
         method = message.method
-        unsupported = _unsupported(message) if method != "CANCEL" else ""
+        unsupported = (
+            ", ".join(sorted(required_extensions(message) - SUPPORTED_EXTENSIONS))
+            if method != "CANCEL"
+            else ""
+        )
         if unsupported:
             # Section 8.2.2.3: every request but ACK and CANCEL.
             return self._refuse(
@@ -413,7 +421,7 @@ class UserAgentServer:
         local = name_addr_uri(call.dialog.local_uri)
         data = call.dialog.request(
             "REFER",
-            via_host=f"{_host_in_uri(self.settings.host)}:{self.settings.port}",
+            via_host=f"{host_in_uri(self.settings.host)}:{self.settings.port}",
             branch=branch,
             headers=[
                 ("Refer-To", f"<{target}>"),
@@ -665,7 +673,7 @@ class UserAgentServer:
         return [("Server", self.settings.user_agent)]
 
     def _contact(self) -> str:
-        return f"<sip:{_host_in_uri(self.settings.host)}:{self.settings.port}>"
+        return f"<sip:{host_in_uri(self.settings.host)}:{self.settings.port}>"
 
     def _session_body(self, call: _Call, request: SipMessage) -> bytes | None:
         """The SDP of our 2xx: the answer to the request's offer, or our offer if it had none."""
@@ -713,7 +721,7 @@ class UserAgentServer:
     def _final(self, call: _Call, status: int, reason: str) -> bytes:
         headers = self._common()
         if reason:
-            headers = [*headers, ("Reason", f'SIP;cause={status};text="{_quoted(reason)}"')]
+            headers = [*headers, ("Reason", f'SIP;cause={status};text="{quoted(reason)}"')]
         response = build_response(call.invite, status, to_tag=call.local_tag, headers=headers)
         call.last_response = response
         return response
@@ -724,7 +732,7 @@ class UserAgentServer:
             branch = self.make_id()
             data = call.dialog.request(
                 "BYE",
-                via_host=f"{_host_in_uri(self.settings.host)}:{self.settings.port}",
+                via_host=f"{host_in_uri(self.settings.host)}:{self.settings.port}",
                 branch=branch,
                 headers=[("User-Agent", self.settings.user_agent)],
             )
@@ -753,13 +761,7 @@ class UserAgentServer:
             call.bye_branch = None
 
     def _response_addr(self, request: SipMessage, source: Addr) -> Addr:
-        """Section 18.2.2 with RFC 3581: to the source port if the client asked (rport), else
-        to the port in its Via, at the address the request came from."""
-        via = request.vias[0]
-        if "rport" in via.params:
-            return source
-        port = via.sent_by.rpartition(":")[2] if not via.sent_by.endswith("]") else ""
-        return (source[0], int(port) if port.isdigit() else 5060)
+        return response_addr(request, source)
 
     def _stateless_tag(self, request: SipMessage) -> str:
         # Section 8.2.7: the same request must get the same To tag.
@@ -797,7 +799,7 @@ class UserAgentServer:
         key: TransactionKey | None = None,
         now_ms: float = 0.0,
     ) -> list[Action]:
-        extra = [*(headers or []), ("Warning", f'399 voice-agent "{_quoted(reason)}"')]
+        extra = [*(headers or []), ("Warning", f'399 voice-agent "{quoted(reason)}"')]
         actions = self._reply(request, source, status, headers=extra, key=key, now_ms=now_ms)
         return [*actions, Refused(source, status, f"{request.method}: {reason}")]
 
@@ -851,46 +853,3 @@ def _sipfrag_status(body: bytes) -> tuple[int | None, str]:
     if match is None:
         return None, ""
     return int(match.group(1)), match.group(2).strip()[:100]
-
-
-def _unsupported(request: SipMessage) -> str:
-    required = {
-        tag.strip().lower()
-        for value in request.get_all("require")
-        for tag in value.split(",")
-        if tag.strip()
-    }
-    return ", ".join(sorted(required - SUPPORTED_EXTENSIONS))
-
-
-def _with_received(request: SipMessage, source: Addr) -> SipMessage:
-    """The request with `received` and `rport` filled in its top Via (section 18.2.1, RFC
-    3581), so every response built from it carries them back."""
-    for index, (name, value) in enumerate(request.headers):
-        if name != "via":
-            continue
-        via = parse_via(value)
-        host = via.sent_by.rsplit(":", 1)[0] if not via.sent_by.endswith("]") else via.sent_by
-        new = value
-        asked_rport = "rport" in via.params and via.params["rport"] is None
-        if asked_rport:
-            new = _RPORT.sub(f";rport={source[1]}", new, count=1)
-        # RFC 3581 section 4: with rport, received is added even when it repeats the host.
-        if (asked_rport or host.strip("[]") != source[0]) and "received" not in via.params:
-            new = f"{new};received={source[0]}"
-        if new == value:
-            return request
-        headers = list(request.headers)
-        headers[index] = (name, new)
-        return SipMessage(
-            headers=headers, body=request.body, method=request.method, uri=request.uri
-        )
-    return request
-
-
-def _host_in_uri(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')[:200]
