@@ -39,6 +39,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, ClassVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
@@ -188,132 +189,96 @@ def _carrier_format(encoding: str, sample_rate: int) -> CarrierFormat:
 
 
 class _FramedJson(Carrier):
-    """Telnyx and Plivo: base64 JSON media, sent in whole frames (see the module docstring)."""
+    """Telnyx and Plivo: the same event shapes (their codecs are both written like Twilio's),
+    base64 JSON media sent in whole frames (see the module docstring)."""
 
-    def __init__(self) -> None:
+    codec: ClassVar[ModuleType]  # voice_agent.transports.telnyx or .plivo
+
+    def __init__(self, request_path: str, stream: Any) -> None:
+        self.stream = stream
+        self.request_path = request_path
         self.framer: Framer | None = None
 
-    def begin(self, carrier: CarrierFormat) -> None:
-        frame = int(carrier.bytes_per_ms * FRAME_MS)
-        self.framer = Framer(
-            frame, int(carrier.bytes_per_ms * MESSAGE_MS), _SILENCE[carrier.encoding]
+    def fast_audio(self, message: Message) -> bytes | None:
+        audio: bytes | None = (
+            self.stream.media_payload(message) if message.__class__ is str else None
         )
+        return audio
 
-    def media_message(self, data: bytes) -> str:
-        raise NotImplementedError
+    def receive(self, message: Message) -> list[CallEvent]:
+        if isinstance(message, bytes):
+            self.stream.receive_bytes(message)  # raises: these carriers send text only
+        codec = self.codec
+        out: list[CallEvent] = []
+        for event in self.stream.receive(cast(str, message)):
+            if isinstance(event, codec.Media):
+                if event.track == codec.INBOUND_TRACK:
+                    out.append(Heard(event.payload))
+            elif isinstance(event, codec.Mark):
+                out.append(Played(event.name))
+            elif isinstance(event, codec.Dtmf):
+                out.append(Key(event.digit))
+            elif isinstance(event, codec.Start):
+                fmt = event.media_format
+                carrier = _carrier_format(fmt.carrier_encoding, fmt.sample_rate)
+                frame = int(carrier.bytes_per_ms * FRAME_MS)
+                longest = int(carrier.bytes_per_ms * MESSAGE_MS)
+                self.framer = Framer(frame, longest, _SILENCE[carrier.encoding])
+                agent, args = agent_and_args(self.request_path, event.agent, event.agent_args)
+                out.append(CallStart(agent, args, usable_call_id(event.call_id), carrier))
+            elif isinstance(event, codec.Stop):
+                out.append(HungUp("caller hung up"))
+            elif isinstance(event, ProtocolWarning):
+                out.append(_note(event))
+            else:
+                note = self.note(event)
+                if note is not None:
+                    out.append(note)
+        return out
 
-    def mark_message(self, name: str) -> str:
-        raise NotImplementedError
-
-    def clear_message(self) -> str:
-        raise NotImplementedError
+    def note(self, event: object) -> Note | None:
+        """A carrier's own event that changes nothing for the call."""
+        return None
 
     def audio_messages(self, data: bytes) -> list[Message]:
         assert self.framer is not None
-        return [self.media_message(piece) for piece in self.framer.push(data)]
+        return [self.stream.media_message(piece) for piece in self.framer.push(data)]
 
     def mark_messages(self, name: str) -> list[Message]:
         assert self.framer is not None
-        return [*(self.media_message(p) for p in self.framer.flush()), self.mark_message(name)]
+        media = [self.stream.media_message(piece) for piece in self.framer.flush()]
+        return [*media, self.stream.mark_message(name)]
 
     def clear_messages(self) -> list[Message]:
         assert self.framer is not None
         self.framer.drop()
-        return [self.clear_message()]
+        return [self.stream.clear_message()]
 
 
 class TelnyxCarrier(_FramedJson):
     transport = "telnyx"
+    codec: ClassVar[ModuleType] = telnyx
 
     def __init__(self, request_path: str) -> None:
-        super().__init__()
-        self.stream = telnyx.TelnyxStream()
-        self.request_path = request_path
+        super().__init__(request_path, telnyx.TelnyxStream())
 
-    def fast_audio(self, message: Message) -> bytes | None:
-        return self.stream.media_payload(message) if message.__class__ is str else None
-
-    def receive(self, message: Message) -> list[CallEvent]:
-        if isinstance(message, bytes):
-            self.stream.receive_bytes(message)  # raises: Telnyx sends text only
-        out: list[CallEvent] = []
-        for event in self.stream.receive(cast(str, message)):
-            if isinstance(event, telnyx.Media):
-                if event.track == telnyx.INBOUND_TRACK:
-                    out.append(Heard(event.payload))
-            elif isinstance(event, telnyx.Mark):
-                out.append(Played(event.name))
-            elif isinstance(event, telnyx.Dtmf):
-                out.append(Key(event.digit))
-            elif isinstance(event, telnyx.Start):
-                fmt = event.media_format
-                carrier = _carrier_format(fmt.carrier_encoding, fmt.sample_rate)
-                self.begin(carrier)
-                agent, args = agent_and_args(self.request_path, event.agent, event.agent_args)
-                out.append(CallStart(agent, args, usable_call_id(event.call_id), carrier))
-            elif isinstance(event, telnyx.Stop):
-                out.append(HungUp("caller hung up"))
-            elif isinstance(event, telnyx.StreamError):
-                out.append(Note("carrier_error", f"{event.code} {event.title}: {event.detail}"))
-            elif isinstance(event, ProtocolWarning):
-                out.append(_note(event))
-        return out
-
-    def media_message(self, data: bytes) -> str:
-        return self.stream.media_message(data)
-
-    def mark_message(self, name: str) -> str:
-        return self.stream.mark_message(name)
-
-    def clear_message(self) -> str:
-        return self.stream.clear_message()
+    def note(self, event: object) -> Note | None:
+        if isinstance(event, telnyx.StreamError):
+            return Note("carrier_error", f"{event.code} {event.title}: {event.detail}")
+        return None
 
 
 class PlivoCarrier(_FramedJson):
     transport = "plivo"
+    codec: ClassVar[ModuleType] = plivo
 
     def __init__(self, request_path: str) -> None:
-        super().__init__()
-        self.stream = plivo.PlivoStream()
-        self.request_path = request_path
+        super().__init__(request_path, plivo.PlivoStream())
 
-    def fast_audio(self, message: Message) -> bytes | None:
-        return self.stream.media_payload(message) if message.__class__ is str else None
-
-    def receive(self, message: Message) -> list[CallEvent]:
-        if isinstance(message, bytes):
-            self.stream.receive_bytes(message)  # raises: Plivo sends text only
-        out: list[CallEvent] = []
-        for event in self.stream.receive(cast(str, message)):
-            if isinstance(event, plivo.Media):
-                if event.track == plivo.INBOUND_TRACK:
-                    out.append(Heard(event.payload))
-            elif isinstance(event, plivo.Mark):
-                out.append(Played(event.name))
-            elif isinstance(event, plivo.Dtmf):
-                out.append(Key(event.digit))
-            elif isinstance(event, plivo.Start):
-                fmt = event.media_format
-                carrier = _carrier_format(fmt.carrier_encoding, fmt.sample_rate)
-                self.begin(carrier)
-                agent, args = agent_and_args(self.request_path, event.agent, event.agent_args)
-                out.append(CallStart(agent, args, usable_call_id(event.call_id), carrier))
-            elif isinstance(event, plivo.Stop):
-                out.append(HungUp("caller hung up"))
-            elif isinstance(event, plivo.Cleared):
-                out.append(Note("cleared", "Plivo dropped its queued audio"))
-            elif isinstance(event, ProtocolWarning):
-                out.append(_note(event))
-        return out
-
-    def media_message(self, data: bytes) -> str:
-        return self.stream.media_message(data)
-
-    def mark_message(self, name: str) -> str:
-        return self.stream.mark_message(name)
-
-    def clear_message(self) -> str:
-        return self.stream.clear_message()
+    def note(self, event: object) -> Note | None:
+        if isinstance(event, plivo.Cleared):
+            return Note("cleared", "Plivo dropped its queued audio")
+        return None
 
 
 class VonageCarrier(Carrier):
