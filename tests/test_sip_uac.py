@@ -18,14 +18,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from voice_agent.sip.auth import DigestAuthenticator, parse_digest
+from voice_agent.sip.auth import (
+    Credentials,
+    DigestAuthenticator,
+    digest_authorization,
+    parse_digest,
+)
 from voice_agent.sip.message import SipMessage, build_response, parse_message
 from voice_agent.sip.sdp import parse_sdp
 from voice_agent.sip.transaction import T1_MS, T2_MS, TIMEOUT_MS
 from voice_agent.sip.uac import (
     Action,
     Answered,
-    Credentials,
     Dialing,
     DtmfReceived,
     Ended,
@@ -35,7 +39,6 @@ from voice_agent.sip.uac import (
     Send,
     UacSettings,
     UserAgentClient,
-    digest_authorization,
     outcome_of,
 )
 

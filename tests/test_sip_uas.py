@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from voice_agent.sip.auth import (
     NONCE_LIFETIME_MS,
     OFFERED,
+    Credentials,
     DigestAuthenticator,
-    digest_response,
+    digest_authorization,
     parse_digest,
 )
 from voice_agent.sip.guard import WINDOW_MS, parse_networks
@@ -1017,16 +1018,15 @@ def authorized_invite(
     call_id: str = CALL_ID,
 ) -> bytes:
     uri = "sip:agent@127.0.0.1:5060"
-    credentials = digest_response(
+    challenge = f'Digest realm="{REALM}", nonce="{nonce}", algorithm={algorithm}, qop="auth"'
+    credentials = digest_authorization(
+        challenge,
         method="INVITE",
         uri=uri,
-        username="alice",
-        password=password,
-        realm=REALM,
-        nonce=nonce,
-        algorithm=algorithm,
+        credentials=Credentials("alice", password),
         cnonce="0a4f113b",
     )
+    assert credentials is not None
     return invite(
         cseq=cseq, branch=branch, uri=uri, headers=[(header, credentials)], call_id=call_id
     )

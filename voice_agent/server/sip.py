@@ -24,7 +24,7 @@ from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.server.pipeline import CallPipeline
 from voice_agent.sip import uac as outbound
 from voice_agent.sip import uas as sip
-from voice_agent.sip.auth import DigestAuthenticator
+from voice_agent.sip.auth import Credentials, DigestAuthenticator
 from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
 from voice_agent.sip.message import SipMessage, name_addr_uri, uri_user
@@ -289,7 +289,7 @@ class SipGateway:
             credentials[user] = secrets[secret]
         self._credentials = credentials
         self.trunk = settings.trunk
-        self._trunk_credentials: outbound.Credentials | None = None
+        self._trunk_credentials: Credentials | None = None
         if self.trunk is not None:
             try:
                 self._trunk_addr: Addr = split_host_port(self.trunk.address)
@@ -303,7 +303,7 @@ class SipGateway:
                         f" voice-agent secrets set {secret or 'NAME'}",
                         key="sip.trunk.password_secret",
                     )
-                self._trunk_credentials = outbound.Credentials(self.trunk.username, secrets[secret])
+                self._trunk_credentials = Credentials(self.trunk.username, secrets[secret])
         self._networks = (
             parse_networks(settings.allowed_sources)
             if settings.allowed_sources is not None

@@ -20,6 +20,8 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from voice_agent.sip.message import quoted
+
 NONCE_LIFETIME_MS = 300_000.0
 ALGORITHMS = {"SHA-256": hashlib.sha256, "MD5": hashlib.md5}
 # RFC 8760 section 2.4: the challenges go in the server's order of preference. MD5 first: many
@@ -152,25 +154,71 @@ def parse_digest(value: str) -> dict[str, str] | None:
     return params
 
 
-def digest_response(
+# ---- the client side: answering a challenge (outbound calls) ----------------------------
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What answers a trunk's digest challenge; `realm` None answers any realm."""
+
+    username: str
+    password: str
+    realm: str | None = None
+
+
+def digest_authorization(
+    challenge: str,
     *,
     method: str,
     uri: str,
-    username: str,
-    password: str,
-    realm: str,
-    nonce: str,
-    algorithm: str = "MD5",
-    cnonce: str = "",
-    nc: str = "00000001",
-) -> str:
-    """An Authorization value for a challenge (qop=auth): what a client sends. The server
-    only verifies; this is for outbound calls (issue 18) and the tests' own clients."""
-    ha1 = _hash(algorithm, f"{username}:{realm}:{password}")
-    ha2 = _hash(algorithm, f"{method}:{uri}")
-    cnonce = cnonce or secrets.token_hex(8)
-    response = _hash(algorithm, f"{ha1}:{nonce}:{nc}:{cnonce}:auth:{ha2}")
-    return (
-        f'Digest username="{username}", realm="{realm}", nonce="{nonce}", uri="{uri}", '
-        f'response="{response}", algorithm={algorithm}, cnonce="{cnonce}", qop=auth, nc={nc}'
-    )
+    credentials: Credentials,
+    cnonce: str,
+    nc: int = 1,
+) -> str | None:
+    """The credentials answering one digest challenge (RFC 3261 section 22.4 with RFC 8760's
+    algorithms, RFC 7616's qop=auth): None for a challenge we cannot answer (not Digest, an
+    algorithm other than MD5 and SHA-256, a qop without "auth", another realm than the
+    credentials name)."""
+    params = parse_digest(challenge)
+    if params is None:
+        return None
+    realm, nonce = params.get("realm"), params.get("nonce")
+    if realm is None or nonce is None:
+        return None
+    if credentials.realm is not None and credentials.realm != realm:
+        return None
+    algorithm = params.get("algorithm", "MD5").upper()
+    hasher = ALGORITHMS.get(algorithm)
+    if hasher is None:
+        return None
+    qops = {qop.strip().lower() for qop in params.get("qop", "").split(",") if qop.strip()}
+    if qops and "auth" not in qops:
+        return None
+
+    def digest(text: str) -> str:
+        return hasher(text.encode("utf-8")).hexdigest()
+
+    ha1 = digest(f"{credentials.username}:{realm}:{credentials.password}")
+    ha2 = digest(f"{method}:{uri}")
+    fields = [
+        f'username="{quoted(credentials.username)}"',
+        f'realm="{quoted(realm)}"',
+        f'nonce="{quoted(nonce)}"',
+        f'uri="{quoted(uri)}"',
+    ]
+    if qops:
+        count = f"{nc:08x}"
+        response = digest(f"{ha1}:{nonce}:{count}:{cnonce}:auth:{ha2}")
+        fields += [
+            f'response="{response}"',
+            f"algorithm={algorithm}",
+            f'cnonce="{quoted(cnonce)}"',
+            "qop=auth",
+            f"nc={count}",
+        ]
+    else:
+        response = digest(f"{ha1}:{nonce}:{ha2}")  # RFC 2069's form, section 22.4
+        fields += [f'response="{response}"', f"algorithm={algorithm}"]
+    if "opaque" in params:
+        fields.append(f'opaque="{quoted(params["opaque"])}"')
+    return "Digest " + ", ".join(fields)

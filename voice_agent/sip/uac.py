@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from voice_agent.sip import sdp
-from voice_agent.sip.auth import ALGORITHMS, parse_digest
+from voice_agent.sip.auth import Credentials, digest_authorization, parse_digest
 from voice_agent.sip.dialog import MAX_FORWARDS, Dialog
 from voice_agent.sip.dtmf import parse_dtmf_body
 from voice_agent.sip.message import (
@@ -125,15 +125,6 @@ class UacSettings:
     max_calls: int = 1000
     ring_timeout_ms: float = DEFAULT_RING_TIMEOUT_MS
     user_agent: str = "voice-agent"
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """What answers a trunk's digest challenge; `realm` None answers any realm."""
-
-    username: str
-    password: str
-    realm: str | None = None
 
 
 # ---- what the gateway is told ----------------------------------------------------------------
@@ -963,64 +954,6 @@ def dialog_from_response(
         source=source,
         local_cseq=local_cseq,
     )
-
-
-def digest_authorization(
-    challenge: str,
-    *,
-    method: str,
-    uri: str,
-    credentials: Credentials,
-    cnonce: str,
-    nc: int = 1,
-) -> str | None:
-    """The credentials answering one digest challenge (RFC 3261 section 22.4 with RFC 8760's
-    algorithms, RFC 7616's qop=auth): None for a challenge we cannot answer (not Digest, an
-    algorithm other than MD5 and SHA-256, a qop without "auth", another realm than the
-    credentials name)."""
-    params = parse_digest(challenge)
-    if params is None:
-        return None
-    realm, nonce = params.get("realm"), params.get("nonce")
-    if realm is None or nonce is None:
-        return None
-    if credentials.realm is not None and credentials.realm != realm:
-        return None
-    algorithm = params.get("algorithm", "MD5").upper()
-    hasher = ALGORITHMS.get(algorithm)
-    if hasher is None:
-        return None
-    qops = {qop.strip().lower() for qop in params.get("qop", "").split(",") if qop.strip()}
-    if qops and "auth" not in qops:
-        return None
-
-    def digest(text: str) -> str:
-        return hasher(text.encode("utf-8")).hexdigest()
-
-    ha1 = digest(f"{credentials.username}:{realm}:{credentials.password}")
-    ha2 = digest(f"{method}:{uri}")
-    fields = [
-        f'username="{quoted(credentials.username)}"',
-        f'realm="{quoted(realm)}"',
-        f'nonce="{quoted(nonce)}"',
-        f'uri="{quoted(uri)}"',
-    ]
-    if qops:
-        count = f"{nc:08x}"
-        response = digest(f"{ha1}:{nonce}:{count}:{cnonce}:auth:{ha2}")
-        fields += [
-            f'response="{response}"',
-            f"algorithm={algorithm}",
-            f'cnonce="{quoted(cnonce)}"',
-            "qop=auth",
-            f"nc={count}",
-        ]
-    else:
-        response = digest(f"{ha1}:{nonce}:{ha2}")  # RFC 2069's form, section 22.4
-        fields += [f'response="{response}"', f"algorithm={algorithm}"]
-    if "opaque" in params:
-        fields.append(f'opaque="{quoted(params["opaque"])}"')
-    return "Digest " + ", ".join(fields)
 
 
 def outcome_of(status: int) -> Outcome:
