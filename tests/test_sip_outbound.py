@@ -107,18 +107,29 @@ async def test_a_placed_call_answered_after_the_trunks_challenge_talks_to_the_ag
 
 
 @needs_root
-async def test_a_busy_line_ends_the_record_busy(server: VoiceServer, tmp_path: Path) -> None:
-    callee = SippCallee(tmp_path, scenario("callee_busy", tmp_path), port=TRUNK_PORT)
+@pytest.mark.parametrize(
+    ("status", "outcome", "reason"),
+    [
+        ("486 Busy Here", "busy", "busy: 486 Busy Here"),
+        ("404 Not Found", "failed", "call failed: 404 Not Found (bad number)"),
+    ],
+)
+async def test_a_call_the_trunk_refuses_ends_the_record_with_its_outcome(
+    server: VoiceServer, tmp_path: Path, status: str, outcome: str, reason: str
+) -> None:
+    xml = scenario("callee_refuses", tmp_path, status=status)
+    callee = SippCallee(tmp_path, xml, port=TRUNK_PORT)
     await callee.start()
     try:
         response = await place(server, {"to": "sip:bob@127.0.0.1"})
         assert response.status_code == 202, response.text
+        call = await record_when_ended(server, response.json()["call_id"])
         result = await callee.result()
     finally:
         await callee.stop()
-    assert result.ok, result.stderr + result.messages
-    call = await record_when_ended(server, response.json()["call_id"])
-    assert call["outcome"] == "busy" and call["end_reason"].startswith("busy: 486")
+    assert result.ok, (call["end_reason"], result.stderr + result.messages)
+    assert (call["outcome"], call["end_reason"]) == (outcome, reason)
+    assert [e["type"] for e in call["audit"]] == ["dial"]
 
 
 @pytest.mark.parametrize(
