@@ -239,6 +239,29 @@ class VoiceSettings(_Strict):
     interruption: InterruptionSettings = InterruptionSettings()
 
 
+class HoldSettings(_Strict):
+    """What the caller hears while the agent works on a turn longer than `after_s` (a slow
+    function or tool) before its answer: `audio` (a mono 16-bit WAV, looped), or silence."""
+
+    @field_validator("audio")
+    @classmethod
+    def _audio_readable(cls, audio: str | None, info: ValidationInfo) -> str | None:
+        if audio is None:
+            return None
+        base_dir = (info.context or {}).get("base_dir")
+        path = Path(base_dir) / Path(audio).expanduser() if base_dir is not None else Path(audio)
+        from voice_agent.audio.wav import read_wav
+
+        try:
+            read_wav(path)  # at load: a wrong file shows before a call, naming this key
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        return str(path)
+
+    audio: str | None = None
+    after_s: float = Field(default=2.0, gt=0, le=30)
+
+
 class AgentConfig(_Strict):
     brain: Literal["playbook", "flow"] = "playbook"
     description: str = ""
@@ -264,6 +287,7 @@ class AgentConfig(_Strict):
     # Listen for an answering machine from the answer on (meant for calls the agent places):
     # the `voicemail` event comes when the message can start (voice_agent.core.voicemail).
     answering_machine: bool = False
+    hold: HoldSettings | None = None  # audio while a turn takes long (server/hold.py)
     max_steps_per_turn: int = Field(default=8, ge=1)
     # Each replaces the config-wide `voice:` section of the same name for this agent.
     vad: VadSettings | None = None
@@ -352,6 +376,11 @@ class ServerSettings(_Strict):
     api_tokens: list[str] = Field(default_factory=list)
     # Name of the secret holding Twilio's auth token: /twilio then checks X-Twilio-Signature.
     twilio_auth_token: str | None = None
+    # Twilio's REST API, for transfers on /twilio: an API key's SID and the name of the secret
+    # holding its secret; without them the auth token above (voice_agent/server/twilio_rest.py).
+    twilio_api_key: str | None = None
+    twilio_api_secret: str | None = None
+    twilio_api_url: str = "https://api.twilio.com"
     # Without a token the server binds to loopback only; this overrides that refusal.
     allow_public_without_token: bool = False
     # The base URL clients and Twilio use (through proxies and tunnels), e.g.

@@ -74,6 +74,7 @@ from voice_agent.server.recording import (
     recordings_dir,
 )
 from voice_agent.server.sip import SipGateway
+from voice_agent.server.twilio_rest import TwilioRest
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
 from voice_agent.store import CallStore as DurableStore
@@ -109,6 +110,26 @@ def api_tokens(registry: AgentRegistry) -> list[str]:
     if os.environ.get(TOKEN_ENV):
         tokens.append(os.environ[TOKEN_ENV])
     return tokens
+
+
+def twilio_rest(registry: AgentRegistry) -> TwilioRest | None:
+    """Twilio's REST API for call control, when credentials for it are configured."""
+    settings, secrets = registry.loaded.config.server, registry.secrets
+    file = str(registry.loaded.path)
+    if settings.twilio_api_key:
+        name = settings.twilio_api_secret
+        if not name or name not in secrets:
+            raise ConfigError(
+                f"server.twilio_api_secret names secret {name!r}, which is not set: "
+                f"voice-agent secrets set {name or 'NAME'}",
+                file=file,
+                key="server.twilio_api_secret",
+            )
+        return TwilioRest(settings.twilio_api_key, secrets[name], settings.twilio_api_url)
+    token = settings.twilio_auth_token
+    if token and token in secrets:
+        return TwilioRest(None, secrets[token], settings.twilio_api_url)
+    return None
 
 
 def access_policy(registry: AgentRegistry) -> AccessPolicy:
@@ -230,6 +251,7 @@ class VoiceServer:
             weakref.WeakKeyDictionary()
         )
         self.access = access_policy(registry)
+        self.twilio = twilio_rest(registry)
         trunk = self.sip.trunk if self.sip is not None else None
         self.control = (
             ControlApi(
@@ -631,7 +653,7 @@ class VoiceServer:
             elif path == "/asterisk":
                 await asterisk_endpoint(cast(MediaConnection, ws), self.start_call)
             elif path == "/twilio":
-                await twilio_endpoint(cast(MediaConnection, ws), self.start_call)
+                await twilio_endpoint(cast(MediaConnection, ws), self.start_call, self.twilio)
             elif path in CARRIERS:
                 await carrier_endpoint(cast(MediaConnection, ws), self.start_call, path)
             else:

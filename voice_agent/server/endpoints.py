@@ -17,8 +17,10 @@ from typing import Any, cast
 
 from voice_agent.audio.codec import CarrierFormat, Encoding
 from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.server.media_socket import MediaConnection, Message
 from voice_agent.server.pipeline import CallPipeline
+from voice_agent.server.twilio_rest import TwilioRest
 from voice_agent.transports import native, twilio
 from voice_agent.transports.errors import (
     POLICY_VIOLATION,
@@ -222,10 +224,33 @@ class _SocketCall:
             self.dispatch(queued)
 
 
+class TwilioOutbound(SocketOutbound):
+    """/twilio's Outbound, with a transfer through Twilio's REST API (server/twilio_rest.py)."""
+
+    def __init__(
+        self, ws: MediaConnection, start: twilio.Start, rest: TwilioRest | None, **encoders: Any
+    ) -> None:
+        super().__init__(ws, **encoders)
+        self._start = start
+        self._rest = rest
+
+    async def transfer(self, transfer: CallTransfer) -> str | None:
+        if self._rest is None:
+            return (
+                "transfers on /twilio need Twilio's REST API: set server.twilio_api_key and"
+                " server.twilio_api_secret (or server.twilio_auth_token)"
+            )
+        start = self._start
+        return await self._rest.transfer(start.account_sid, start.call_sid, transfer)
+
+
 class _TwilioCall(_SocketCall):
-    def __init__(self, ws: MediaConnection, start_call: StartCall) -> None:
+    def __init__(
+        self, ws: MediaConnection, start_call: StartCall, rest: TwilioRest | None = None
+    ) -> None:
         super().__init__(ws, start_call)
         self.stream = twilio.TwilioStream()
+        self.rest = rest
 
     def on_message(self, message: Message) -> None:
         # A call's media, 50 messages a second, goes straight from the codec to the pipeline;
@@ -268,8 +293,10 @@ class _TwilioCall(_SocketCall):
 
     async def set_up(self, event: twilio.Start) -> None:
         stream = self.stream
-        self.outbound = SocketOutbound(
+        self.outbound = TwilioOutbound(
             self.ws,
+            event,
+            self.rest,
             audio=lambda data: [
                 stream.media_message(f) for f in _split(data, TWILIO_OUTBOUND_BYTES)
             ],
@@ -357,8 +384,10 @@ class _NativeCall(_SocketCall):
         await self.pipeline.start()
 
 
-async def twilio_endpoint(ws: MediaConnection, start_call: StartCall) -> None:
-    await _TwilioCall(ws, start_call).run()
+async def twilio_endpoint(
+    ws: MediaConnection, start_call: StartCall, rest: TwilioRest | None = None
+) -> None:
+    await _TwilioCall(ws, start_call, rest).run()
 
 
 async def native_endpoint(ws: MediaConnection, start_call: StartCall) -> None:
