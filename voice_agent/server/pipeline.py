@@ -42,6 +42,7 @@ from voice_agent.runtime.session import (
     CallSession,
 )
 from voice_agent.server.calls import CallRecord
+from voice_agent.server.hold import CHUNK_MS, LEAD_MS, HoldLoop
 from voice_agent.server.recording import CallRecorder
 
 log = logging.getLogger("voice_agent.call")
@@ -197,6 +198,12 @@ class CallPipeline:
         self._machine_reason = ""
         if session.agent.config.answering_machine and self.frame_rate in (8000, 16000):
             self._machine = VoicemailDetector(self.frame_rate)
+        hold = session.agent.config.hold
+        self._hold_after_s = hold.after_s if hold is not None else 0.0
+        self._hold = HoldLoop(hold.audio, carrier) if hold is not None and hold.audio else None
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._holding: asyncio.Task[None] | None = None
+        self._hold_started_ms = 0.0
         self.ended = False
         self.finished = asyncio.Event()
         session.audit.subscribe(self._on_audit)
@@ -265,6 +272,7 @@ class CallPipeline:
         if self.ended:
             return
         self.ended = True
+        self._stop_hold()
         self._apply(self.core.hang_up(self.now_ms()))
         if self.recorder is not None:
             self._finish_recording(self.recorder)
@@ -312,6 +320,8 @@ class CallPipeline:
                     to_stt = self._to_stt
                     self._stt.push(to_stt.process(action.frame) if to_stt else action.frame)
             elif isinstance(action, core.SendAudio):
+                if self._hold_timer is not None or self._holding is not None:
+                    self._stop_hold()  # the answer is here
                 self.out.audio(action.audio)
                 if self.recorder is not None:
                     self.recorder.agent(self.carrier.decode(action.audio), self.now_ms())
@@ -435,8 +445,12 @@ class CallPipeline:
 
     def _run_turn(self, events: AsyncIterator[AgentEvent]) -> None:
         self._turn = self._spawn(self._drive(events))
+        if self._hold is not None:
+            self._stop_hold()
+            self._hold_timer = self._loop.call_later(self._hold_after_s, self._start_hold)
 
     def _cancel_turn(self) -> None:
+        self._stop_hold()
         if self._turn is not None and not self._turn.done():
             self._turn.cancel()
         self._turn = None
@@ -470,6 +484,7 @@ class CallPipeline:
             raise
         except Exception as exc:
             self.session.audit.add("error", where="agent", message=f"{type(exc).__name__}: {exc}")
+        self._stop_hold()
         self._apply(self.core.agent_turn_done(self.now_ms()))
         if self._pending_events:
             name, data = self._pending_events.pop(0)
@@ -491,6 +506,41 @@ class CallPipeline:
         self.out.event({"type": "end", "reason": reason})
         self.out.close(1000, reason)
         self._spawn(self.hang_up(reason))
+
+    # ---- hold audio (server/hold.py) ------------------------------------------------------
+
+    def _start_hold(self) -> None:
+        self._hold_timer = None
+        if self.ended or self._turn is None or self._turn.done() or self._holding is not None:
+            return
+        if self.core.playback.playing:
+            # The agent's last words still play (a key pressed over them started this turn):
+            # hold audio would queue behind them, and its clear would cut them.
+            self._hold_timer = self._loop.call_later(CHUNK_MS / 1000, self._start_hold)
+            return
+        self._hold_started_ms = self.now_ms()
+        self.session.audit.add("hold", started=True)
+        self._holding = self._spawn(self._play_hold())
+
+    async def _play_hold(self) -> None:
+        assert self._hold is not None
+        self.out.audio(self._hold.next_chunk(LEAD_MS))
+        start, sent = self._loop.time(), 0
+        while True:
+            sent += 1
+            await asyncio.sleep(max(0.0, start + sent * CHUNK_MS / 1000 - self._loop.time()))
+            self.out.audio(self._hold.next_chunk(CHUNK_MS))
+
+    def _stop_hold(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        if self._holding is not None:
+            self._holding.cancel()
+            self._holding = None
+            self.out.clear()  # what of it is still queued, before the answer goes out
+            held = round(self.now_ms() - self._hold_started_ms)
+            self.session.audit.add("hold", started=False, held_ms=held)
 
     # ---- call control ------------------------------------------------------------------
 
