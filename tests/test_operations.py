@@ -17,6 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.configs import QUICK_VOICE, default_config_with
 from voice_agent.audio.wav import read_wav
 from voice_agent.callers import NativeClient
 
@@ -37,8 +38,12 @@ class Served:
     def __init__(self, data_dir: Path, port: int, *extra: str) -> None:
         self.port = port
         env = {**os.environ, "VOICE_AGENT_DATA_DIR": str(data_dir)}
+        # The default agents on the transport tests' quick voice: these tests are about the
+        # process, its records and its workers, and every call waits out the greeting.
+        config = default_config_with(data_dir / "config", voice=QUICK_VOICE)
+        command = [sys.executable, "-m", "voice_agent.cli", "serve", "--config", str(config)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "voice_agent.cli", "serve", "--port", str(port), *extra],
+            [*command, "--port", str(port), *extra],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

@@ -17,6 +17,8 @@ from tests.support.configs import QUICK_VOICE, default_config_with, serving
 from tests.support.sipp import run_sipp, scenario, write_rtp_pcap
 from tests.test_sip_calls import (
     GREETING_MS,
+    _Audit,
+    _new_pipeline,
     audit,
     last_call,
     messages,
@@ -110,11 +112,15 @@ async def test_keys_the_agent_sends_reach_the_phone_as_rfc_4733_events(
     phone = Baresip(tmp_path)
     await phone.start()
     try:
+        known = set(server.pipelines)
         await phone.dial(f"sip:booking@{target(server)}")
         await phone.wait_event("CALL_ESTABLISHED")
-        await asyncio.sleep(GREETING_MS / 1000)  # the caller hears the greeting out
+        said = _Audit(await _new_pipeline(server, known))
+        await said.until("agent_utterance")  # the greeting, heard out
         await phone.say(wav)
         keys = await phone.wait_event("CALL_DTMF_START", count=3)
+        # The keys went out ahead of the hours line, which waited and then played whole.
+        await said.until("agent_utterance")
         await phone.hang_up()
         await phone.wait_event("CALL_CLOSED")
     finally:

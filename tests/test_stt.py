@@ -610,7 +610,7 @@ async def test_a_failed_transcript_gets_the_fallback_line_and_the_call_goes_on(
     line instead of silence, and the next utterance is understood."""
     transcription_server.status = 500
     stt = {"provider": "openai", "base_url": transcription_server.base_url, "api_key": "k"}
-    config = default_config_with(tmp_path, voice={"stt": stt})
+    config = default_config_with(tmp_path, voice={"stt": stt, "tts": {"speed": 1.6}})
     line = (FIXTURES / "joe_book1.ulaw").read_bytes()
     async for server in serving(config):
         async with TwilioClient(
