@@ -78,6 +78,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from loadgen.stats import percentile  # the load test's nearest rank, for figures side by side
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent
 SCENARIO = SCRIPTS / "sipp" / "sip_load.xml"
@@ -347,14 +349,6 @@ def busiest_others(exclude: set[int], count: int = 5) -> list[str]:
 
 
 # ---- statistics ---------------------------------------------------------------------------
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """Nearest rank, as scripts/loadgen/stats.py."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def summary(values: list[float]) -> dict[str, float | int | None]:
