@@ -351,6 +351,9 @@ class ServerSettings(_Strict):
     # "HOST:PORT" of the control API (POST /calls: voice_agent/server/control_api.py); off when
     # unset. Keep it off the public balancer.
     control_listen: str | None = None
+    # The base URL carriers reach the control API at, for their status callbacks on placed
+    # calls (only /callbacks/ need be public), e.g. https://voice.example.com:8444.
+    control_public_url: str | None = None
 
     @field_validator("public_url")
     @classmethod
@@ -508,6 +511,56 @@ class AudioSocketSettings(_Strict):
     routes: dict[str, AudioSocketRoute] = Field(default_factory=dict)
 
 
+class TwilioApi(_Strict):
+    """Calls placed through Twilio (`POST /calls` with `via: twilio`); the credentials are
+    server.twilio_api_key / twilio_api_secret (or twilio_auth_token), as for transfers."""
+
+    account_sid: str
+    caller_id: str  # the From number: one of the account's Twilio numbers
+
+
+class TelnyxApi(_Strict):
+    """Telnyx's Call Control API v2: transfers and keys on /telnyx calls, and placed calls."""
+
+    api_key_secret: str  # the name of the secret holding the API v2 key (Bearer)
+    api_url: str = "https://api.telnyx.com"
+    connection_id: str | None = None  # the Call Control application placed calls go out on
+    caller_id: str | None = None  # the From number for placed calls
+    # The portal's webhook public key (base64 Ed25519): callbacks are checked against it.
+    webhook_public_key: str | None = None
+
+
+class PlivoApi(_Strict):
+    """Plivo's REST API: transfers on /plivo calls, and placed calls (keys go on the stream)."""
+
+    auth_id: str
+    auth_token_secret: str  # the name of the secret holding the auth token
+    api_url: str = "https://api.plivo.com"
+    caller_id: str | None = None  # the From number for placed calls
+
+
+class VonageApi(_Strict):
+    """Vonage's Voice API: transfers and keys on /vonage calls (JWT signed with the
+    application's private key)."""
+
+    application_id: str
+    private_key_secret: str  # the name of the secret holding the application's PEM key
+    api_url: str = "https://api.nexmo.com"
+
+
+class CarrierApis(_Strict):
+    """The carriers' REST APIs, for call control on their streams and for placed calls
+    (docs/telephony.md); each is off until configured."""
+
+    twilio: TwilioApi | None = None
+    telnyx: TelnyxApi | None = None
+    plivo: PlivoApi | None = None
+    vonage: VonageApi | None = None
+    # Ask the carrier for its answering-machine detection on placed calls whose agent has
+    # `answering_machine: true`; its verdict raises `voicemail` like the server's own detector.
+    carrier_amd: bool = False
+
+
 class Config(_Strict):
     default_agent: str
     agents: dict[str, AgentConfig]
@@ -516,6 +569,7 @@ class Config(_Strict):
     server: ServerSettings = ServerSettings()
     sip: SipSettings = SipSettings()
     audiosocket: AudioSocketSettings = AudioSocketSettings()
+    carriers: CarrierApis = CarrierApis()
 
 
 def _check_references(config: Config, file: str) -> None:
