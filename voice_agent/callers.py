@@ -194,6 +194,8 @@ class _Caller:
         self._tasks: list[asyncio.Task[None]] = []
         self._send_lock = asyncio.Lock()
         self._stopping = False
+        # Headers of the WebSocket handshake (a carrier's signature, say), set before connect().
+        self.headers: dict[str, str] = {}
 
     # -- subclass hooks ------------------------------------------------------------------------
 
@@ -216,7 +218,12 @@ class _Caller:
 
     async def connect(self) -> None:
         # No compression: Twilio offers none, and a load generator should not pay for it.
-        self._ws = await connect(self.url, compression=None, open_timeout=self.timeout)
+        self._ws = await connect(
+            self.url,
+            compression=None,
+            open_timeout=self.timeout,
+            additional_headers=self.headers or None,
+        )
         self._play_end = self.clock.now()
         await self._open(self._ws)
         loop = asyncio.get_running_loop()

@@ -559,6 +559,8 @@ class CarrierApis(_Strict):
     # Ask the carrier for its answering-machine detection on placed calls whose agent has
     # `answering_machine: true`; its verdict raises `voicemail` like the server's own detector.
     carrier_amd: bool = False
+    ring_timeout_s: float = Field(default=45.0, gt=0, le=300)  # placed calls ring this long
+    calls_per_minute: int = Field(default=10, ge=1)  # calls placed through carriers, all told
 
 
 class Config(_Strict):

@@ -75,7 +75,7 @@ class Machine:
     """A machine answered; `after_ms` since the answer."""
 
     after_ms: float
-    reason: Literal["long greeting", "beep"]
+    reason: Literal["long greeting", "beep", "carrier"]  # carrier: its own detection said
 
 
 @dataclass(frozen=True)

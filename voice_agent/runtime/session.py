@@ -190,15 +190,17 @@ class CallSession:
 
     # ---- entry points ------------------------------------------------------------------
 
-    async def start(self) -> AsyncIterator[AgentEvent]:
-        """Call start: the agent's entry steps, then the `welcome` event."""
+    async def start(self, *, greet: bool = True) -> AsyncIterator[AgentEvent]:
+        """Call start: the agent's entry steps, then the `welcome` event and the agent's
+        opening (its flow's start page, its playbook's first words). Not those for a placed
+        call an answering machine took: its agent speaks when the `voicemail` event comes."""
         self.audit.add(
             "call_started",
             call_id=self.call_id,
             agent=self.agent.name,
             state=copy.deepcopy(self.state),  # as it was then, not as it ends up
         )
-        async for event in self._enter_agent(StepOutcome(), welcome=True):
+        async for event in self._enter_agent(StepOutcome(), welcome=greet, enter=greet):
             yield event
 
     async def user_turn(self, text: str) -> AsyncIterator[AgentEvent]:
@@ -290,7 +292,7 @@ class CallSession:
     # ---- agents and transfers ------------------------------------------------------------
 
     async def _enter_agent(
-        self, outcome: StepOutcome, *, welcome: bool = False
+        self, outcome: StepOutcome, *, welcome: bool = False, enter: bool = True
     ) -> AsyncIterator[AgentEvent]:
         agent = self.agent
         self._run_fixed_updates(agent.on_enter, "on_enter")
@@ -303,7 +305,7 @@ class CallSession:
             self.audit.add("event", name="welcome", data={})
             async for item in self.run_triggers("event", outcome, event="welcome", data={}):
                 yield item
-        if outcome.ends_turn or outcome.transferred:
+        if outcome.ends_turn or outcome.transferred or not enter:
             return
         async for item in agent.brain.enter(self, outcome):
             outcome.responded = True  # the new agent spoke first: the caller answers next

@@ -19,6 +19,7 @@ from voice_agent.audio.frames import Framer
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import VoiceSettings
 from voice_agent.core import call as core
+from voice_agent.core.callee_hello import QUIET_MS, CalleeHello
 from voice_agent.core.pacing import SentencePacer
 from voice_agent.core.playback import Word
 from voice_agent.core.turns import TurnConfig
@@ -142,8 +143,16 @@ class CallPipeline:
         *,
         on_end: Callable[[CallPipeline, str], None] | None = None,
         recorder: CallRecorder | None = None,
+        placed: bool = False,
     ) -> None:
         self.recorder = recorder
+        # A call the server placed: the agent speaks after the callee's hello (core/callee_hello).
+        self.placed = placed
+        self._callee: CalleeHello | None = None
+        self._callee_timer: asyncio.TimerHandle | None = None
+        self._voicemail_raised = False
+        self._started = False
+        self._early: list[Human | Machine | BeepHeard] = []  # carrier verdicts before start()
         self.session = session
         self.record = record
         self.engines = engines
@@ -237,8 +246,39 @@ class CallPipeline:
     # ---- inputs from the transport -------------------------------------------------------
 
     async def start(self) -> None:
+        self._started = True
+        if self.placed:
+            self._callee = CalleeHello(self.now_ms())
+            self.session.audit.add("waiting_for_callee")
+            self._callee_timer = self._loop.call_later(QUIET_MS / 1000, self._callee_quiet)
+            for decision in self._early:
+                self._answering_machine(decision, source="carrier")
+            self._early.clear()
+            return
+        self._begin(greet=True)
+
+    def _begin(self, *, greet: bool) -> None:
+        """The agent's start: its entry steps and, unless a machine answered, its greeting."""
+        self._callee = None
+        if self._callee_timer is not None:
+            self._callee_timer.cancel()
+            self._callee_timer = None
         self.core.agent_turn_started(self.now_ms())
-        self._run_turn(self.session.start())
+        self._run_turn(self.session.start(greet=greet))
+
+    def _callee_quiet(self) -> None:
+        # No audio came in (a stream that sends none while quiet): the clock decides alone.
+        self._callee_timer = None
+        callee = self._callee
+        if callee is None or self.ended:
+            return
+        if self._machine is not None and callee.heard:
+            return  # the detector is listening to someone: its answer starts the agent
+        if callee.quiet(self.now_ms()):
+            self.session.audit.add("callee_hello", heard=callee.heard)
+            self._begin(greet=True)
+        else:
+            self._callee_timer = self._loop.call_later(0.1, self._callee_quiet)
 
     def audio(self, payload: bytes) -> None:
         """Carrier audio, any length: framed into 20 ms for VAD and the core."""
@@ -256,6 +296,13 @@ class CallPipeline:
             now_ms = (self._loop.time() - self._t0) * 1000
             if self._machine is not None:
                 self._answering_machine(self._machine.frame(frame, is_speech, now_ms))
+            callee = self._callee
+            if callee is not None:
+                # The callee's hello, or a machine's greeting, is no user turn.
+                if callee.frame(is_speech, now_ms) and self._machine is None:
+                    self.session.audit.add("callee_hello", heard=callee.heard)
+                    self._begin(greet=True)
+                continue
             actions = self.core.audio_frame(frame, is_speech, partial, now_ms)
             if actions:
                 self._apply(actions)
@@ -272,6 +319,8 @@ class CallPipeline:
         if self.ended:
             return
         self.ended = True
+        if self._callee_timer is not None:
+            self._callee_timer.cancel()
         self._stop_hold()
         self._apply(self.core.hang_up(self.now_ms()))
         if self.recorder is not None:
@@ -544,25 +593,51 @@ class CallPipeline:
 
     # ---- call control ------------------------------------------------------------------
 
-    def _answering_machine(self, decision: Human | Machine | BeepHeard | None) -> None:
+    def machine_answer(self, decision: Human | Machine | BeepHeard) -> None:
+        """The carrier's answering-machine detection (a placed call's status callback): taken
+        like the server's own detector's, whichever answers first."""
+        if not self._started:
+            self._early.append(decision)
+        elif not self.ended:
+            self._answering_machine(decision, source="carrier")
+
+    def _answering_machine(
+        self, decision: Human | Machine | BeepHeard | None, source: str = "server"
+    ) -> None:
         """What the detector says, in the audit; once the message may start, the `voicemail`
-        event (its `reason` why a machine, `beep` whether one was heard)."""
-        if decision is None:
+        event (its `reason` why a machine, `beep` whether one was heard). On a placed call
+        still waiting for the callee, a person starts the agent's greeting; a machine keeps it
+        waiting for the message to start, then starts the agent without one."""
+        if decision is None or self._voicemail_raised:
             return
         audit = self.session.audit
         if isinstance(decision, Human):
-            audit.add("answering_machine", answer="person", after_ms=round(decision.after_ms))
-        elif isinstance(decision, Machine):
+            audit.add(
+                "answering_machine",
+                answer="person",
+                after_ms=round(decision.after_ms),
+                source=source,
+            )
+            self._machine = None
+            if self._callee is not None:
+                self._begin(greet=True)
+            return
+        if isinstance(decision, Machine):
             self._machine_reason = decision.reason
             audit.add(
                 "answering_machine",
                 answer="machine",
                 reason=decision.reason,
                 after_ms=round(decision.after_ms),
+                source=source,
             )
         else:
             beep = not decision.assumed
-            audit.add("answering_machine", answer="message may start", beep=beep)
+            audit.add("answering_machine", answer="message may start", beep=beep, source=source)
+            self._voicemail_raised = True
+            self._machine = None
+            if self._callee is not None:
+                self._begin(greet=False)
             self._queue_event(VOICEMAIL_EVENT, {"reason": self._machine_reason, "beep": beep})
         if self._machine is not None and self._machine.done:
             self._machine = None

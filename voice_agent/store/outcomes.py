@@ -20,9 +20,12 @@ reason                                             outcome           where it co
                                                                      a call's RTP tick failed
 "AudioSocket error ..."                            error             audiosocket: Asterisk's 0xff
 "callee hung up"                                   caller_hung_up    sip: a placed call's far end
-"busy: ..."                                        busy              sip: an outbound call, 486/600
-"no answer: ..."                                   no_answer         sip: 480/408/487, ring timeout
-"call failed: ..."                                 failed            sip: a bad number, refused, ...
+"busy: ..."                                        busy              a placed call: SIP 486/600, a
+                                                                     carrier's busy callback
+"no answer: ..."                                   no_answer         SIP 480/408/487, ring timeout,
+                                                                     a carrier's no-answer
+"call failed: ..."                                 failed            a bad number, refused, a
+                                                                     carrier's API refusing, ...
 "server shutting down"                             interrupted       VoiceServer.shutdown()
 "interrupted..."                                   interrupted       the store: its writer died
 anything else                                      error             a reason no rule knows yet
