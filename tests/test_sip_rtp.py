@@ -356,10 +356,20 @@ def test_the_pacer_catches_up_a_bounded_number_after_a_2_second_stall() -> None:
     assert pacer.lateness_ms(2050.0) == -10.0
 
 
-def test_a_pacer_frame_is_due_exactly_at_its_deadline() -> None:
-    pacer = Pacer(100.0, 30.0)
+def test_a_pacer_frame_is_due_at_its_deadline_or_a_hair_before() -> None:
+    pacer = Pacer(100.0, 30.0, early_ms=0.0)
     assert pacer.due(99.9) == 0 and pacer.due(100.0) == 1
     assert pacer.due(129.9) == 0 and pacer.due(130.0) == 1 and pacer.due(190.0) == 2
+
+
+def test_a_wake_up_just_before_the_deadline_sends_instead_of_spinning() -> None:
+    # uvloop wakes whole milliseconds: a timer for 120.0 can fire at 119.6. That frame is
+    # due then, once; the next wake-up is armed for the next deadline, not the same one.
+    pacer = Pacer(100.0)
+    assert pacer.due(100.0) == 1
+    assert pacer.due(118.9) == 0  # more than a millisecond early: not yet
+    assert pacer.due(119.6) == 1 and pacer.next_deadline_ms == 140.0
+    assert pacer.due(119.9) == 0
 
 
 # --- jitter.py --------------------------------------------------------------------------------
