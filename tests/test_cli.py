@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.configs import default_config_with
 from voice_agent.cli import main
 
 ROOT = Path(__file__).parent.parent
@@ -54,3 +55,13 @@ def test_sip_with_several_workers_is_refused_with_the_reason(
     command = ["serve", "--workers", "2", "--port", "8799", "--sip", "127.0.0.1:5060"]
     assert main(command) == 2
     assert "split a call's SIP messages" in capsys.readouterr().err
+
+
+def test_sip_in_the_config_with_several_workers_is_refused_naming_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = default_config_with(tmp_path, sip={"listen": "127.0.0.1:5060"})
+    command = ["serve", "--config", str(config), "--workers", "2", "--port", "8799"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert f"sip.listen in {config}" in err and "split a call's SIP messages" in err

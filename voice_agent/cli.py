@@ -67,11 +67,18 @@ def _serve_workers(args: argparse.Namespace) -> int:
 
     if args.port == 0:
         raise VoiceAgentError("--workers needs a fixed --port: the workers must share it")
-    if args.sip:
-        # SO_REUSEPORT would hand one call's datagrams to different workers.
+    from voice_agent.config import load_config
+
+    # SO_REUSEPORT would hand one call's datagrams to different workers; without it the
+    # second worker cannot bind the port at all and the supervisor restarts it forever.
+    where = "--sip" if args.sip else None
+    if where is None and load_config(args.config).config.sip.listen:
+        where = f"sip.listen in {args.config}"
+    if where is not None:
         raise VoiceAgentError(
-            "--sip takes one worker: several would split a call's SIP messages between them; "
-            "run one SIP server per host and spread calls with a SIP proxy (docs/telephony.md)"
+            f"{where}: SIP takes one worker, several would split a call's SIP messages between "
+            "them; run one SIP server per host and spread calls with a SIP proxy "
+            "(docs/telephony.md)"
         )
     command = [sys.executable, "-m", "voice_agent.cli", "serve", "--config", args.config]
     command += ["--host", args.host, "--port", str(args.port), "--reuse-port"]
