@@ -21,6 +21,9 @@ What each path needs (the first matching rule wins):
   accepted too (test clients, a gateway of our own): whoever holds one may use `/ws` anyway.
   Without a Twilio auth token, `/twilio` follows the bearer rule like `/ws`: with API tokens
   configured, real Twilio calls are then refused (fail closed), and `startup_notices` says so.
+* `/plivo/dial` is open: Plivo fetches a transfer's XML from it and cannot send our token. Each
+  URL carries its own HMAC, which the page checks (server/plivo_rest.py); it only ever repeats a
+  `<Dial>` the server signed.
 * Everything else (`/agents`, `/calls`, `/calls/{id}`, `/metrics`, `/ws`, `/rtc`, and any
   unknown or odd-looking path such as `/calls/../x` or `//agents`) needs a bearer token when
   tokens are configured: default deny, decided on the same raw path the router matches.
@@ -64,6 +67,7 @@ from voice_agent.server.pages import STATIC_PREFIX, calls_view_response
 
 HEALTH_PATH = "/healthz"
 TWILIO_PATH = "/twilio"
+PLIVO_DIAL_PATH = "/plivo/dial"  # open: signed per URL (see the module docstring)
 # Paths that take `?token=`: browsers cannot set headers on a WebSocket, and the pages' fetches
 # carry the token they were opened with (plus `/calls/{id}`, see `query_token_accepted`);
 # Asterisk's websocket_client.conf and the carriers' stream URLs can only put it in the URL.
@@ -529,7 +533,7 @@ class AccessPolicy:
                 "this server has no API token and answers only to localhost host names "
                 "(or server.public_url's)",
             )
-        if is_page(path):
+        if is_page(path) or path == PLIVO_DIAL_PATH:
             return _allow("open")
         # Checked before the credentials: once blocked, even the right token waits.
         wait = self.limiter.retry_after(remote_ip)

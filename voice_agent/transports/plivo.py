@@ -27,7 +27,9 @@ What this follows (read from the stored copies of Plivo's pages; none shows a da
   `name`; Plivo answers `playedStream` with the same `name` once the audio queued before it
   has played), .../clear-audio-stream (`clearAudio` with `streamId`; the answer, per
   https://support.plivo.com/hc/en-us/articles/32800291247001, is
-  `{"sequenceNumber": 0, "event": "clearedAudio", "streamId": ...}`).
+  `{"sequenceNumber": 0, "event": "clearedAudio", "streamId": ...}`); `sendDTMF`, listed with
+  them on the Stream Event Protocol page: `{"event": "sendDTMF", "dtmf": "12#"}`, Plivo playing
+  the keys into the call (the shape Plivo's own agent-transport library sends; no streamId).
 * https://plivo.com/docs/voice/audio-streaming/best-practices and .../overview-doc: the stream's
   lifecycle (StartStream / StopStream / DroppedStream) goes to `statusCallbackUrl`, not the
   socket; "When the call ends or streaming stops, the WebSocket connection closes."
@@ -513,3 +515,10 @@ def checkpoint_message(stream_id: str, name: str) -> str:
 
 def clear_audio_message(stream_id: str) -> str:
     return f'{{"event":"clearAudio","streamId":{json.dumps(stream_id)}}}'
+
+
+def send_dtmf_message(digits: str) -> str:
+    """`sendDTMF`: Plivo plays `digits` (0-9, *, #, A-D) into the call as keypad tones."""
+    if not digits or not set(digits) <= DTMF_DIGITS:
+        raise ValueError(f"Plivo sends only the keys 0-9, *, # and A-D, not {digits!r}")
+    return f'{{"event":"sendDTMF","dtmf":{json.dumps(digits)}}}'

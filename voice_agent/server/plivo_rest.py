@@ -1,0 +1,152 @@
+"""Plivo's REST API, what call control on /plivo streams needs, and the XML page it fetches.
+
+A transfer is Plivo's "Transfer a call": `POST {api_url}/v1/Account/{auth_id}/Call/{call_uuid}/`
+with the JSON `{"legs": "aleg", "aleg_url": URL, "aleg_method": "GET"}` (Plivo takes JSON bodies
+only; HTTP basic auth with the auth ID and token; 202 when taken; a refusal is `{"api_id":
+..., "error": ...}`). Plivo then fetches new XML for the call from the URL, leaves the `<Stream>`
+(the socket closes) and runs it: `<Response><Dial><Number>+1...</Number></Dial></Response>`, or
+`<User>sip:...</User>` for a SIP URI.
+
+This server serves that XML itself, on the main port: `GET {server.public_url}/plivo/dial?to=
+<target>&call=<call uuid>&sig=<HMAC>`. The page is open (Plivo cannot send our API token) and
+stateless: the signed query holds everything the XML needs, so it answers whichever worker
+Plivo reaches, and after the call's stream has gone. `sig` is HMAC-SHA256 over the call and the
+target under a key derived from the auth token (every worker and restart derives the same one;
+the token itself is used for nothing else here): without it nobody can make the page emit a
+`<Dial>` to a number of their choosing, and a valid URL only ever repeats the transfer the
+server asked for. Plivo adds its own call parameters (`CallUUID`, `From`, `To`, ...) to the
+query of a GET: they are ignored.
+
+Keys on /plivo go on the stream itself (`sendDTMF`, voice_agent.transports.plivo), not here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
+from xml.sax.saxutils import escape
+
+from websockets.datastructures import Headers
+from websockets.http11 import Response
+
+from voice_agent.runtime.call_control import DESTINATION, CallTransfer
+from voice_agent.server.auth import PLIVO_DIAL_PATH
+from voice_agent.server.carrier_rest import TIMEOUT_S, is_sip, phone_number, request
+
+__all__ = [
+    "DEFAULT_API_URL",
+    "PLIVO_DIAL_PATH",
+    "TIMEOUT_S",
+    "PlivoRest",
+    "dial_key",
+    "dial_response",
+    "dial_signature",
+    "dial_xml",
+    "error_said",
+]
+
+DEFAULT_API_URL = "https://api.plivo.com"
+_KEY_LABEL = b"voice_agent /plivo/dial v1"  # what the derived key is for, and its version
+
+
+def dial_key(auth_token: str) -> bytes:
+    """The dial page's signing key: derived, so the auth token signs nothing of ours itself."""
+    return hmac.new(auth_token.encode("utf-8"), _KEY_LABEL, hashlib.sha256).digest()
+
+
+def dial_signature(key: bytes, call_uuid: str, target: str) -> str:
+    # A target never holds a newline (DESTINATION), so no two (call, target) pairs sign alike.
+    message = f"{call_uuid}\n{target}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def dial_xml(target: str) -> str:
+    """Plivo XML handing the call to `target`: `<User>` for a SIP URI, else `<Number>`."""
+    if is_sip(target):
+        inner = f"<User>{escape(target)}</User>"
+    else:
+        inner = f"<Number>{escape(phone_number(target))}</Number>"
+    return f'<?xml version="1.0" encoding="UTF-8"?><Response><Dial>{inner}</Dial></Response>'
+
+
+def error_said(body: Any) -> str | None:
+    """Plivo's `error` (a sentence, or an object of them) as one line."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, str):
+        return error or None
+    if isinstance(error, dict):
+        return "; ".join(f"{key}: {value}" for key, value in error.items()) or None
+    return None
+
+
+def _text(status: http.HTTPStatus, text: str) -> Response:
+    body = text.encode()
+    headers = Headers(
+        [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+        ]
+    )
+    return Response(status.value, status.phrase, headers, body)
+
+
+def dial_response(request_target: str, key: bytes | None) -> Response:
+    """GET /plivo/dial: the signed transfer's XML; 403 for a signature that does not match, 404
+    when Plivo is not configured (`key` None: the path then means nothing here)."""
+    if key is None:
+        return _text(http.HTTPStatus.NOT_FOUND, f"nothing at {PLIVO_DIAL_PATH}\n")
+    query = parse_qs(urlsplit(request_target).query, keep_blank_values=True)
+    values = [query.get(name, []) for name in ("to", "call", "sig")]
+    if any(len(value) != 1 for value in values):
+        return _text(http.HTTPStatus.FORBIDDEN, "to, call and sig are each required once\n")
+    (target,), (call_uuid,), (sig,) = values
+    expected = dial_signature(key, call_uuid, target)
+    if not hmac.compare_digest(expected.encode(), sig.encode("utf-8", "surrogatepass")):
+        return _text(http.HTTPStatus.FORBIDDEN, "the signature does not match\n")
+    if not DESTINATION.fullmatch(target):  # signed by us, so never; but never emit anything else
+        return _text(http.HTTPStatus.BAD_REQUEST, "not a destination\n")
+    body = dial_xml(target).encode()
+    headers = Headers(
+        [
+            ("Content-Type", "application/xml"),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+        ]
+    )
+    return Response(http.HTTPStatus.OK.value, "OK", headers, body)
+
+
+class PlivoRest:
+    def __init__(self, auth_id: str, auth_token: str, api_url: str = DEFAULT_API_URL) -> None:
+        self.auth_id = auth_id
+        self._auth_token = auth_token
+        self.api_url = api_url.rstrip("/")
+        self.dial_key = dial_key(auth_token)
+
+    def dial_url(self, public_url: str, call_uuid: str, target: str) -> str:
+        """Where Plivo fetches the XML handing `call_uuid` to `target` (see the docstring)."""
+        sig = dial_signature(self.dial_key, call_uuid, target)
+        query = urlencode({"to": target, "call": call_uuid, "sig": sig})
+        return f"{public_url.rstrip('/')}{PLIVO_DIAL_PATH}?{query}"
+
+    async def transfer(self, call_uuid: str, transfer: CallTransfer, public_url: str) -> str | None:
+        """Send the call to this server's `<Dial>` for the destination; None once Plivo took
+        it, else why not."""
+        account, call = quote(self.auth_id, safe=""), quote(call_uuid, safe="")
+        return await request(
+            "Plivo",
+            "transfer",
+            "POST",
+            f"{self.api_url}/v1/Account/{account}/Call/{call}/",
+            said=error_said,
+            json={
+                "legs": "aleg",
+                "aleg_url": self.dial_url(public_url, call_uuid, transfer.target),
+                "aleg_method": "GET",
+            },
+            auth=(self.auth_id, self._auth_token),
+        )
