@@ -1,6 +1,7 @@
 """The voice server: one asyncio process, HTTP and WebSocket on one port (the `websockets` server).
 
-HTTP: /healthz, /calls, /calls/{id}, /agents and the browser call page (/ and /static/).
+HTTP: /healthz, /calls, /calls/{id}, /agents, the browser call page (/ and /static/) and the
+XML Plivo fetches for a transfer (/plivo/dial, server/plivo_rest.py).
 WebSocket: /twilio (Twilio Media Streams), /ws (native), /rtc (WebRTC signalling), /asterisk
 (Asterisk chan_websocket) and the carriers' streams /telnyx, /plivo, /vonage, /exotel and
 /jambonz (server/carriers.py). SIP and AudioSocket have listeners of their own (server/sip.py,
@@ -59,12 +60,13 @@ from voice_agent.server.asterisk_ws import asterisk_endpoint
 from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
-from voice_agent.server.carriers import CARRIERS, carrier_endpoint
+from voice_agent.server.carriers import CARRIERS, call_control_apis, carrier_endpoint
 from voice_agent.server.control_api import CallRequest, ControlApi, RateLimit
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
 from voice_agent.server.media_socket import MediaConnection
 from voice_agent.server.pages import calls_view_response, static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
+from voice_agent.server.plivo_rest import PLIVO_DIAL_PATH, dial_response
 from voice_agent.server.recording import (
     FORMATS,
     CallRecorder,
@@ -252,6 +254,7 @@ class VoiceServer:
         )
         self.access = access_policy(registry)
         self.twilio = twilio_rest(registry)
+        self.carrier_apis = call_control_apis(registry)  # the carrier streams' call control
         trunk = self.sip.trunk if self.sip is not None else None
         self.control = (
             ControlApi(
@@ -598,6 +601,9 @@ class VoiceServer:
             elif path != "/rtc" and isinstance(connection, MediaConnection):
                 connection.hold_messages()
             return None  # the WebSocket handshake goes on
+        if path == PLIVO_DIAL_PATH:
+            plivo = self.carrier_apis.plivo
+            return dial_response(request.path, plivo.dial_key if plivo is not None else None)
         if path == "/healthz":
             return _json(
                 http.HTTPStatus.OK,
@@ -655,7 +661,9 @@ class VoiceServer:
             elif path == "/twilio":
                 await twilio_endpoint(cast(MediaConnection, ws), self.start_call, self.twilio)
             elif path in CARRIERS:
-                await carrier_endpoint(cast(MediaConnection, ws), self.start_call, path)
+                await carrier_endpoint(
+                    cast(MediaConnection, ws), self.start_call, path, self.carrier_apis
+                )
             else:
                 await native_endpoint(cast(MediaConnection, ws), self.start_call)
         finally:

@@ -30,6 +30,13 @@ What the adapters decide, per carrier (docs/telephony.md has the table):
   whole 20 ms frames, MESSAGE_MS at most per message (a mark pads the last partial frame with
   the codec's silence); Plivo's playAudio likewise. Vonage, Exotel and jambonz frame audio in
   their codecs.
+* Call control (the pipeline's `CallControl`): transfers through the carrier's REST API on the
+  call the stream names (Telnyx `transfer`, Plivo's transfer to this server's `<Dial>` XML,
+  Vonage's NCCO transfer), keys through Telnyx's and Vonage's REST or on Plivo's stream
+  (`sendDTMF`). The APIs are built once per server (`call_control_apis`) and handed to every
+  call; without one, the agent gets a reason naming the config to set. Exotel's and jambonz's
+  streams offer neither (docs/telephony.md says what to do instead). Keys through a REST API
+  go in order, before any transfer asked for after them; a refusal goes to the audit.
 """
 
 from __future__ import annotations
@@ -44,7 +51,9 @@ from typing import Any, ClassVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from voice_agent.audio.codec import CarrierFormat, Encoding
-from voice_agent.errors import VoiceAgentError
+from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.runtime.call_control import CallTransfer
+from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.endpoints import (
     SocketOutbound,
     StartCall,
@@ -53,6 +62,9 @@ from voice_agent.server.endpoints import (
     usable_call_id,
 )
 from voice_agent.server.media_socket import MediaConnection, Message
+from voice_agent.server.plivo_rest import PlivoRest
+from voice_agent.server.telnyx_rest import TelnyxRest
+from voice_agent.server.vonage_rest import VonageRest
 from voice_agent.transports import exotel, jambonz, plivo, telnyx, vonage
 from voice_agent.transports.errors import POLICY_VIOLATION, ProtocolWarning, close_reason
 
@@ -151,13 +163,73 @@ class Framer:
         self._pending.clear()
 
 
+# ---- the carriers' APIs --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallControlApis:
+    """The carriers' REST clients, built once per server; None where not configured."""
+
+    telnyx: TelnyxRest | None = None
+    plivo: PlivoRest | None = None
+    vonage: VonageRest | None = None
+    public_url: str | None = None  # server.public_url: where Plivo fetches a transfer's XML
+
+
+NO_APIS = CallControlApis()
+
+
+def _secret(registry: AgentRegistry, key: str, name: str) -> str:
+    """The secret `name` that config key `key` names, or a ConfigError saying how to set it."""
+    if name not in registry.secrets:
+        raise ConfigError(
+            f"{key} names secret {name!r}, which is not set: voice-agent secrets set {name}",
+            file=str(registry.loaded.path),
+            key=key,
+        )
+    return registry.secrets[name]
+
+
+def call_control_apis(registry: AgentRegistry) -> CallControlApis:
+    """The clients for the APIs `carriers:` configures (a ConfigError for a missing secret or
+    a Vonage key that is not an RSA key in PEM)."""
+    config = registry.loaded.config
+    apis = config.carriers
+    telnyx = plivo = vonage = None
+    if apis.telnyx is not None:
+        key = _secret(registry, "carriers.telnyx.api_key_secret", apis.telnyx.api_key_secret)
+        telnyx = TelnyxRest(key, apis.telnyx.api_url)
+    if apis.plivo is not None:
+        name = apis.plivo.auth_token_secret
+        token = _secret(registry, "carriers.plivo.auth_token_secret", name)
+        plivo = PlivoRest(apis.plivo.auth_id, token, apis.plivo.api_url)
+    if apis.vonage is not None:
+        where = "carriers.vonage.private_key_secret"
+        pem = _secret(registry, where, apis.vonage.private_key_secret)
+        try:
+            vonage = VonageRest(apis.vonage.application_id, pem, apis.vonage.api_url)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{where}: secret {apis.vonage.private_key_secret!r} is {exc}",
+                file=str(registry.loaded.path),
+                key=where,
+            ) from None
+    return CallControlApis(telnyx, plivo, vonage, config.server.public_url)
+
+
+def _needs_api(what: str, path: str, carrier: str, key: str) -> str:
+    return f"{what} on /{path} need {carrier}'s API: set carriers.{key}"
+
+
 # ---- the carriers ------------------------------------------------------------------------
 
 
 class Carrier:
-    """One call's codec, read as CallEvents; after the start, the messages the carrier takes."""
+    """One call's codec, read as CallEvents; after the start, the messages the carrier takes,
+    and what it can do to the call (a transfer, keys)."""
 
     transport: ClassVar[str]
+    sends_keys: ClassVar[bool] = False  # keys_on_stream or send_digits can work
 
     def receive(self, message: Message) -> list[CallEvent]:
         raise NotImplementedError
@@ -178,6 +250,18 @@ class Carrier:
 
     def goodbye_messages(self) -> list[Message]:
         return []
+
+    async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
+        """Hand the call over; None once the carrier took it, else why not."""
+        return f"the {self.transport} stream cannot transfer calls"
+
+    def keys_on_stream(self, digits: str) -> list[Message] | None:
+        """The messages that press `digits` on the stream itself; None: not this way."""
+        return None
+
+    async def send_digits(self, apis: CallControlApis, digits: str) -> str | None:
+        """Press `digits` through the carrier's API; None once it took them, else why not."""
+        return f"the {self.transport} stream cannot send keys"
 
 
 def _note(warning: ProtocolWarning) -> Note:
@@ -257,6 +341,7 @@ class _FramedJson(Carrier):
 
 class TelnyxCarrier(_FramedJson):
     transport = "telnyx"
+    sends_keys = True
     codec: ClassVar[ModuleType] = telnyx
 
     def __init__(self, request_path: str) -> None:
@@ -267,9 +352,24 @@ class TelnyxCarrier(_FramedJson):
             return Note("carrier_error", f"{event.code} {event.title}: {event.detail}")
         return None
 
+    def _call_control_id(self) -> str:
+        assert self.stream.start is not None  # no call before the start
+        return cast(str, self.stream.start.call_control_id)
+
+    async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
+        if apis.telnyx is None:
+            return _needs_api("transfers", "telnyx", "Telnyx", "telnyx")
+        return await apis.telnyx.transfer(self._call_control_id(), transfer)
+
+    async def send_digits(self, apis: CallControlApis, digits: str) -> str | None:
+        if apis.telnyx is None:
+            return _needs_api("keys", "telnyx", "Telnyx", "telnyx")
+        return await apis.telnyx.send_digits(self._call_control_id(), digits)
+
 
 class PlivoCarrier(_FramedJson):
     transport = "plivo"
+    sends_keys = True
     codec: ClassVar[ModuleType] = plivo
 
     def __init__(self, request_path: str) -> None:
@@ -280,9 +380,25 @@ class PlivoCarrier(_FramedJson):
             return Note("cleared", "Plivo dropped its queued audio")
         return None
 
+    def keys_on_stream(self, digits: str) -> list[Message] | None:
+        return [plivo.send_dtmf_message(digits)]
+
+    async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
+        if apis.plivo is None:
+            return _needs_api("transfers", "plivo", "Plivo", "plivo")
+        if apis.public_url is None:
+            return (
+                "transfers on /plivo need server.public_url: Plivo fetches the transfer's"
+                " <Dial> XML from this server"
+            )
+        assert self.stream.start is not None  # no call before the start
+        call_uuid = cast(str, self.stream.start.call_id)
+        return await apis.plivo.transfer(call_uuid, transfer, apis.public_url)
+
 
 class VonageCarrier(Carrier):
     transport = "vonage"
+    sends_keys = True
 
     def __init__(self, request_path: str) -> None:
         self.stream = vonage.VonageStream()
@@ -319,6 +435,32 @@ class VonageCarrier(Carrier):
 
     def clear_messages(self) -> list[Message]:
         return self.stream.clear_messages()
+
+    def _call_uuid(self) -> str | None:
+        connected = self.stream.connected
+        return connected.call_id if connected is not None else None
+
+    def _no_uuid(self, what: str) -> str:
+        return (
+            f"{what} on /vonage need the call's uuid: pass the answer webhook's uuid as the"
+            f" NCCO websocket endpoint's {vonage.CALL_ID_HEADER!r} header"
+        )
+
+    async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
+        if apis.vonage is None:
+            return _needs_api("transfers", "vonage", "Vonage", "vonage")
+        call_uuid = self._call_uuid()
+        if call_uuid is None:
+            return self._no_uuid("transfers")
+        return await apis.vonage.transfer(call_uuid, transfer)
+
+    async def send_digits(self, apis: CallControlApis, digits: str) -> str | None:
+        if apis.vonage is None:
+            return _needs_api("keys", "vonage", "Vonage", "vonage")
+        call_uuid = self._call_uuid()
+        if call_uuid is None:
+            return self._no_uuid("keys")
+        return await apis.vonage.send_digits(call_uuid, digits)
 
 
 class ExotelCarrier(Carrier):
@@ -358,6 +500,14 @@ class ExotelCarrier(Carrier):
 
     def clear_messages(self) -> list[Message]:
         return list(self.stream.clear_messages())
+
+    async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
+        # The Voicebot applet's flow goes on to its next applet when the stream ends: a Connect
+        # applet there is Exotel's transfer, chosen by the flow, not by the agent.
+        return (
+            "Exotel's Voicebot stream cannot hand a call over: end the call (end_call) with a"
+            " Connect applet after the Voicebot applet in the flow"
+        )
 
 
 class JambonzCarrier(Carrier):
@@ -403,6 +553,14 @@ class JambonzCarrier(Carrier):
 
     def goodbye_messages(self) -> list[Message]:
         return [self.stream.disconnect_message()]
+
+    async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
+        # listen's socket takes audio and a few commands, none of which moves the call; jambonz's
+        # REST "update call" (a new call_hook) would, with credentials this server lacks.
+        return (
+            "jambonz's listen stream cannot hand a call over: end the call (end_call) and let"
+            " the application's next verb (a dial) take it"
+        )
 
 
 CARRIERS: dict[str, Callable[[str], Carrier]] = {
@@ -482,9 +640,16 @@ class _MarkClock:
 
 class CarrierOutbound(SocketOutbound):
     """What the pipeline sends, through the carrier's builders; the carrier's goodbye first
-    when the server ends the call."""
+    when the server ends the call. Transfers go to the carrier (a reason where it has none)."""
 
-    def __init__(self, ws: MediaConnection, carrier: Carrier, clock: _MarkClock | None) -> None:
+    def __init__(
+        self,
+        ws: MediaConnection,
+        carrier: Carrier,
+        clock: _MarkClock | None,
+        apis: CallControlApis = NO_APIS,
+        keys_failed: Callable[[str], None] = lambda error: None,
+    ) -> None:
         super().__init__(
             ws,
             audio=carrier.audio_messages,
@@ -494,6 +659,28 @@ class CarrierOutbound(SocketOutbound):
         )
         self.carrier = carrier
         self.clock = clock
+        self.apis = apis
+        self._keys_failed = keys_failed
+        self._keys: asyncio.Task[None] | None = None  # the last keys asked for, not yet out
+
+    async def transfer(self, transfer: CallTransfer) -> str | None:
+        if self._keys is not None:
+            # Keys asked for before the hand-over (a menu's choice, then the transfer) go first.
+            await asyncio.gather(self._keys, return_exceptions=True)
+        return await self.carrier.transfer(self.apis, transfer)
+
+    async def _press(self, before: asyncio.Task[None] | None, digits: str) -> None:
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)  # in the order asked
+        error = await self.carrier.send_digits(self.apis, digits)
+        if error is not None:
+            self._keys_failed(error)
+
+    async def aclose(self) -> None:
+        if self._keys is not None and not self._keys.done():
+            self._keys.cancel()  # the call is over: its keys have nowhere to go
+            await asyncio.gather(self._keys, return_exceptions=True)
+        await super().aclose()
 
     def audio(self, data: bytes) -> None:
         super().audio(data)
@@ -521,10 +708,30 @@ class CarrierOutbound(SocketOutbound):
         super().close(code, reason)
 
 
+class KeypadOutbound(CarrierOutbound):
+    """A carrier's Outbound that can send keys too (`Carrier.sends_keys`): on the stream, or
+    through the carrier's API in the background, one request after another."""
+
+    def send_digits(self, digits: str) -> None:
+        messages = self.carrier.keys_on_stream(digits)
+        if messages is not None:
+            for message in messages:
+                self._write(message)
+            return
+        self._keys = asyncio.ensure_future(self._press(self._keys, digits))
+
+
 class _CarrierCall(_SocketCall):
-    def __init__(self, ws: MediaConnection, start_call: StartCall, carrier: Carrier) -> None:
+    def __init__(
+        self,
+        ws: MediaConnection,
+        start_call: StartCall,
+        carrier: Carrier,
+        apis: CallControlApis = NO_APIS,
+    ) -> None:
         super().__init__(ws, start_call)
         self.carrier = carrier
+        self.apis = apis
         self.transport = carrier.transport
         self.clock: _MarkClock | None = None
         self.notes = 0
@@ -577,6 +784,11 @@ class _CarrierCall(_SocketCall):
         if self.pipeline is not None and not self._ended.done():
             self.pipeline.mark(name)
 
+    def _keys_failed(self, error: str) -> None:
+        log.warning("%s %s: keys not sent: %s", self.transport, self.ws.remote_address, error)
+        if self.pipeline is not None:
+            self.pipeline.session.audit.add("error", where="send_dtmf", message=error)
+
     async def set_up(self, event: CallStart) -> None:
         if isinstance(self.carrier, JambonzCarrier):
             carrier = event.carrier
@@ -585,7 +797,8 @@ class _CarrierCall(_SocketCall):
                 carrier.sample_rate * carrier.sample_bytes,
                 self._mark_played,
             )
-        self.outbound = CarrierOutbound(self.ws, self.carrier, self.clock)
+        outbound = KeypadOutbound if self.carrier.sends_keys else CarrierOutbound
+        self.outbound = outbound(self.ws, self.carrier, self.clock, self.apis, self._keys_failed)
         try:
             self.pipeline = await self.start_call(
                 transport=self.transport,
@@ -610,7 +823,10 @@ class _CarrierCall(_SocketCall):
                 self.clock.stop()
 
 
-async def carrier_endpoint(ws: MediaConnection, start_call: StartCall, path: str) -> None:
-    """Run one carrier call on `ws`, which came in on `path` (one of CARRIERS)."""
+async def carrier_endpoint(
+    ws: MediaConnection, start_call: StartCall, path: str, apis: CallControlApis = NO_APIS
+) -> None:
+    """Run one carrier call on `ws`, which came in on `path` (one of CARRIERS), with the
+    carriers' APIs for its transfers and keys."""
     request_path = ws.request.path if ws.request is not None else path
-    await _CarrierCall(ws, start_call, CARRIERS[path](request_path)).run()
+    await _CarrierCall(ws, start_call, CARRIERS[path](request_path), apis).run()
