@@ -217,8 +217,10 @@ def call_control_apis(registry: AgentRegistry) -> CallControlApis:
     return CallControlApis(telnyx, plivo, vonage, config.server.public_url)
 
 
-def _needs_api(what: str, path: str, carrier: str, key: str) -> str:
-    return f"{what} on /{path} need {carrier}'s API: set carriers.{key}"
+def _needs_api(what: str, carrier: str) -> str:
+    """Why `what` (transfers, keys) cannot go through `carrier`'s API: it is not configured."""
+    name = carrier.lower()  # the stream's path and the config key alike
+    return f"{what} on /{name} need {carrier}'s API: set carriers.{name}"
 
 
 # ---- the carriers ------------------------------------------------------------------------
@@ -358,12 +360,12 @@ class TelnyxCarrier(_FramedJson):
 
     async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
         if apis.telnyx is None:
-            return _needs_api("transfers", "telnyx", "Telnyx", "telnyx")
+            return _needs_api("transfers", "Telnyx")
         return await apis.telnyx.transfer(self._call_control_id(), transfer)
 
     async def send_digits(self, apis: CallControlApis, digits: str) -> str | None:
         if apis.telnyx is None:
-            return _needs_api("keys", "telnyx", "Telnyx", "telnyx")
+            return _needs_api("keys", "Telnyx")
         return await apis.telnyx.send_digits(self._call_control_id(), digits)
 
 
@@ -385,7 +387,7 @@ class PlivoCarrier(_FramedJson):
 
     async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
         if apis.plivo is None:
-            return _needs_api("transfers", "plivo", "Plivo", "plivo")
+            return _needs_api("transfers", "Plivo")
         if apis.public_url is None:
             return (
                 "transfers on /plivo need server.public_url: Plivo fetches the transfer's"
@@ -448,7 +450,7 @@ class VonageCarrier(Carrier):
 
     async def transfer(self, apis: CallControlApis, transfer: CallTransfer) -> str | None:
         if apis.vonage is None:
-            return _needs_api("transfers", "vonage", "Vonage", "vonage")
+            return _needs_api("transfers", "Vonage")
         call_uuid = self._call_uuid()
         if call_uuid is None:
             return self._no_uuid("transfers")
@@ -456,7 +458,7 @@ class VonageCarrier(Carrier):
 
     async def send_digits(self, apis: CallControlApis, digits: str) -> str | None:
         if apis.vonage is None:
-            return _needs_api("keys", "vonage", "Vonage", "vonage")
+            return _needs_api("keys", "Vonage")
         call_uuid = self._call_uuid()
         if call_uuid is None:
             return self._no_uuid("keys")
@@ -672,7 +674,11 @@ class CarrierOutbound(SocketOutbound):
     async def _press(self, before: asyncio.Task[None] | None, digits: str) -> None:
         if before is not None:
             await asyncio.gather(before, return_exceptions=True)  # in the order asked
-        error = await self.carrier.send_digits(self.apis, digits)
+        try:
+            error = await self.carrier.send_digits(self.apis, digits)
+        except Exception as exc:  # a carrier's failure is this call's, never the server's
+            log.exception("keys %s on a %s call failed", digits, self.carrier.transport)
+            error = f"{type(exc).__name__}: {exc}"
         if error is not None:
             self._keys_failed(error)
 
