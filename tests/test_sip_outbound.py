@@ -16,6 +16,7 @@ import pytest_asyncio
 from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
 from tests.support.sipp import SippCallee, free_udp_port, scenario, write_rtp_pcap
 from tests.test_sip_calls import GREETING_MS, messages, needs_root, received, spoken_ulaw
+from voice_agent.core.callee_hello import QUIET_MS
 from voice_agent.server.app import VoiceServer
 from voice_agent.server.control_api import RateLimit
 
@@ -80,7 +81,8 @@ async def test_a_placed_call_answered_after_the_trunks_challenge_talks_to_the_ag
     write_rtp_pcap(pcap, await asyncio.to_thread(spoken_ulaw, "Goodbye."), payload_type=0)
     xml = scenario(
         "callee_answers", tmp_path,
-        before_ms=str(GREETING_MS), speech=str(pcap), bye_timeout_ms="20000",
+        # The callee says nothing on answering: the agent greets after QUIET_MS of it.
+        before_ms=str(round(QUIET_MS) + GREETING_MS), speech=str(pcap), bye_timeout_ms="20000",
     )  # fmt: skip
     callee = SippCallee(tmp_path, xml, port=TRUNK_PORT)
     await callee.start()
@@ -141,6 +143,9 @@ async def test_a_call_the_trunk_refuses_ends_the_record_with_its_outcome(
         ({"to": "+14155550123", "agnet": "x"}, TOKEN, 400, "unknown key 'agnet'"),
         ({"to": "+14155550123", "args": {"n": [1]}}, TOKEN, 400, "args.n"),
         ({"to": "+14155550123", "agent": "nope"}, TOKEN, 404, "no agent named 'nope'"),
+        ({"to": "+14155550123", "via": "fax"}, TOKEN, 400, "via: one of sip, twilio"),
+        # A carrier this server has no config for: the key to set is named.
+        ({"to": "+14155550123", "via": "plivo"}, TOKEN, 409, "needs carriers.plivo"),
     ],
 )
 async def test_bad_requests_are_refused_and_dial_nothing(

@@ -37,6 +37,7 @@ from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSetting
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.tts import TtsConfig, make_tts
 from voice_agent.engines.vad import VadConfig, make_vad
+from voice_agent.errors import VoiceAgentError
 from voice_agent.observability import (
     LoopLagMonitor,
     ServerMetrics,
@@ -60,12 +61,14 @@ from voice_agent.server.asterisk_ws import asterisk_endpoint
 from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
+from voice_agent.server.carrier_dialer import CarrierDialer, Placer, decision
 from voice_agent.server.carriers import CARRIERS, call_control_apis, carrier_endpoint
-from voice_agent.server.control_api import CallRequest, ControlApi, RateLimit
+from voice_agent.server.control_api import CallRequest, ControlApi, NoWayOut, RateLimit
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
 from voice_agent.server.media_socket import MediaConnection
 from voice_agent.server.pages import calls_view_response, static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
+from voice_agent.server.placed_calls import PlacedCall, Via
 from voice_agent.server.plivo_rest import PLIVO_DIAL_PATH, dial_response
 from voice_agent.server.recording import (
     FORMATS,
@@ -76,7 +79,7 @@ from voice_agent.server.recording import (
     recordings_dir,
 )
 from voice_agent.server.sip import SipGateway
-from voice_agent.server.twilio_rest import TwilioRest
+from voice_agent.server.twilio_rest import TwilioPlacer, TwilioRest
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
 from voice_agent.store import CallStore as DurableStore
@@ -132,6 +135,23 @@ def twilio_rest(registry: AgentRegistry) -> TwilioRest | None:
     if token and token in secrets:
         return TwilioRest(None, secrets[token], settings.twilio_api_url)
     return None
+
+
+def placers(registry: AgentRegistry, twilio: TwilioRest | None) -> dict[str, Placer]:
+    """The carriers configured to place calls (`carriers.*`)."""
+    config = registry.loaded.config
+    carriers, secrets = config.carriers, registry.secrets
+    found: dict[str, Placer] = {}
+    if carriers.twilio is not None:
+        token_name = config.server.twilio_auth_token
+        found["twilio"] = TwilioPlacer(
+            twilio,
+            account_sid=carriers.twilio.account_sid,
+            caller_id=carriers.twilio.caller_id,
+            auth_token=secrets.get(token_name) if token_name else None,
+            ring_timeout_s=carriers.ring_timeout_s,
+        )
+    return found
 
 
 def access_policy(registry: AgentRegistry) -> AccessPolicy:
@@ -255,13 +275,28 @@ class VoiceServer:
         self.access = access_policy(registry)
         self.twilio = twilio_rest(registry)
         self.carrier_apis = call_control_apis(registry)  # the carrier streams' call control
+        carriers = registry.loaded.config.carriers
+        self.dialer = CarrierDialer(
+            placers(registry, self.twilio),
+            public_url=server_settings.public_url,
+            control_public_url=server_settings.control_public_url,
+            ring_timeout_s=carriers.ring_timeout_s,
+            record_unanswered=self._placed_unanswered,
+            pipeline_of=self.pipelines.get,
+        )
+        self.access.placed_call_token = self.dialer.calls.valid_token
         trunk = self.sip.trunk if self.sip is not None else None
+        carrier_rate = RateLimit(carriers.calls_per_minute)  # one budget for every carrier
+        rates = {via: carrier_rate for via in self.dialer.vias}
+        if trunk is not None:
+            rates["sip"] = RateLimit(trunk.calls_per_minute)
         self.control = (
             ControlApi(
                 tokens=api_tokens(registry),
                 place=self.place_call,
-                rate_limit=RateLimit(trunk.calls_per_minute) if trunk is not None else None,
-                has_trunk=trunk is not None,
+                rate_limits=rates,
+                default_via=self._default_via,
+                on_callback=self.dialer.callback,
             )
             if server_settings.control_listen
             else None
@@ -377,7 +412,18 @@ class VoiceServer:
         call_id: str | None,
         carrier: CarrierFormat,
         out: Outbound,
+        placed: bool = False,
     ) -> CallPipeline:
+        args = dict(args)
+        try:
+            dialled = self.dialer.claim(args)
+        except LookupError as exc:
+            raise VoiceAgentError(str(exc)) from None
+        if dialled is not None:
+            # The stream of a call placed through a carrier: the request's agent and args,
+            # under the id POST /calls gave, whatever else the stream says.
+            agent, call_id, placed = dialled.agent, dialled.call_id, True
+            args = {**dialled.args, "callee": dialled.to}
         if call_id is not None and call_id in self.pipelines:
             # Live calls are keyed by call id: a second live call under a carrier's id (a call
             # streamed twice, a stream back before its old socket is seen gone) gets its own,
@@ -404,7 +450,11 @@ class VoiceServer:
             out,
             on_end=self._call_ended,
             recorder=recorder,
+            placed=placed,
         )
+        if dialled is not None:
+            for verdict in dialled.verdicts:  # the carrier's, before the stream came
+                pipeline.machine_answer(decision(verdict))
         self.live.add(record)
         self._record_durably(session, record)
         session.audit.subscribe(
@@ -424,14 +474,41 @@ class VoiceServer:
         )
         return pipeline
 
+    def _default_via(self) -> str | None:
+        """Where POST /calls without `via` goes: the trunk, else the only carrier configured."""
+        if self.sip is not None and self.sip.trunk is not None:
+            return "sip"
+        vias = self.dialer.vias
+        return vias[0] if len(vias) == 1 else None
+
     async def place_call(self, request: CallRequest) -> str:
-        """POST /calls: dial through the SIP trunk; the call's id, at once (LookupError for
-        an agent that does not exist)."""
-        assert self.sip is not None
+        """POST /calls: dial through the SIP trunk or a carrier; the call's id, at once
+        (LookupError for an agent that does not exist, NoWayOut for a way out not set up)."""
         agent = request.agent or self.registry.loaded.config.default_agent
         if agent not in self.registry.agents:
             raise LookupError(f"no agent named {agent!r}")
+        via = request.via or "sip"
         call_id = uuid.uuid4().hex
+        if via != "sip":
+            why_not = self.dialer.unavailable(via)
+            if why_not is not None:
+                raise NoWayOut(why_not)
+            amd = self.registry.agents[agent].config.answering_machine
+            carriers = self.registry.loaded.config.carriers
+            self.dialer.place(
+                call_id,
+                agent,
+                request.to,
+                request.args,
+                cast(Via, via),
+                amd=amd and carriers.carrier_amd,
+            )
+            log.info(
+                "call %s: dialling %s through %s for agent %s", call_id, request.to, via, agent
+            )
+            return call_id
+        if self.sip is None or self.sip.trunk is None:
+            raise NoWayOut("no sip.trunk is configured: there is nowhere to place SIP calls")
         task = self.sip.place_call(
             call_id=call_id, agent=agent, target=request.to, args=request.args
         )
@@ -443,27 +520,39 @@ class VoiceServer:
             else:
                 reason, answered = finished.result()
             if not answered:
-                self._record_unanswered(call_id, agent, request, reason)
+                self._record_unanswered(call_id, agent, request.to, request.args, reason, "sip")
 
         task.add_done_callback(done)
         return call_id
 
     def _record_unanswered(
-        self, call_id: str, agent: str, request: CallRequest, reason: str
+        self,
+        call_id: str,
+        agent: str,
+        to: str,
+        args: dict[str, Any],
+        reason: str,
+        transport: str,
     ) -> None:
         """A placed call that never reached the agent: a record with how it ended."""
         now = now_iso()
-        state = {**request.args, "callee": request.to}
-        self.store.call_started(call_id, agent=agent, transport="sip", started_at=now, state=state)
-        self.store.audit(call_id, {"type": "dial", "t": 0.0, "to": request.to, "result": reason})
+        state = {**args, "callee": to}
+        self.store.call_started(
+            call_id, agent=agent, transport=transport, started_at=now, state=state
+        )
+        self.store.audit(call_id, {"type": "dial", "t": 0.0, "to": to, "result": reason})
         outcome = outcome_for(reason)
         self.store.call_ended(call_id, ended_at=now_iso(), outcome=outcome, reason=reason)
-        self.metrics.call_ended("sip", outcome)
-        log.info("call %s to %s: %s", call_id, request.to, reason)
+        self.metrics.call_ended(transport, outcome)
+        log.info("call %s to %s: %s", call_id, to, reason)
+
+    def _placed_unanswered(self, call: PlacedCall, reason: str) -> None:
+        self._record_unanswered(call.call_id, call.agent, call.to, call.args, reason, call.via)
 
     def _call_ended(self, pipeline: CallPipeline, reason: str) -> None:
         call_id = pipeline.session.call_id
         self.pipelines.pop(call_id, None)
+        self.dialer.ended(call_id)
         self.live.ended(call_id, reason)
         self.metrics.call_ended(pipeline.record.transport, outcome_for(reason))
         self.store.call_ended(

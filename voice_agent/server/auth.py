@@ -71,6 +71,7 @@ PLIVO_DIAL_PATH = "/plivo/dial"  # open: signed per URL (see the module docstrin
 # Paths that take `?token=`: browsers cannot set headers on a WebSocket, and the pages' fetches
 # carry the token they were opened with (plus `/calls/{id}`, see `query_token_accepted`);
 # Asterisk's websocket_client.conf and the carriers' stream URLs can only put it in the URL.
+PLACED_CALL_PARAM = "placed_call"  # server/placed_calls.py PLACED_ARG
 CARRIER_PATHS = ("/telnyx", "/plivo", "/vonage", "/exotel", "/jambonz")
 QUERY_TOKEN_PATHS = frozenset(
     {"/ws", "/rtc", "/twilio", "/asterisk", "/agents", "/calls", *CARRIER_PATHS}
@@ -510,6 +511,10 @@ class AccessPolicy:
         # Host names chosen by the operator, allowed by the DNS-rebinding guard.
         self._own_hosts = frozenset(_hostname(urlsplit(origin).netloc) for origin in self._origins)
         self.limiter = FailureLimiter(max_failed_auth_per_minute, clock=clock)
+        # The stream of a call the server placed through a carrier names it in its URL
+        # (`?placed_call=<call_id>.<key>`, server/placed_calls.py): that key, random per call and
+        # good until its stream comes, lets the carrier in without an API token.
+        self.placed_call_token: Callable[[str], bool] = lambda token: False
 
     @property
     def has_tokens(self) -> bool:
@@ -544,6 +549,10 @@ class AccessPolicy:
                 (("Retry-After", str(max(1, math.ceil(wait)))),),
             )
         presented, malformed = self._presented_tokens(path, query, headers)
+        if path in CARRIER_PATHS and query:
+            placed = parse_qs(query).get(PLACED_CALL_PARAM, [])
+            if len(placed) == 1 and self.placed_call_token(placed[0]):
+                return _allow("placed-call")
         if path == TWILIO_PATH and self._twilio_auth_token is not None:
             signatures = headers.get_all(TWILIO_SIGNATURE_HEADER)
             if signatures:

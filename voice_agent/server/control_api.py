@@ -6,14 +6,23 @@ method), and placing a call is a POST with a body. aiohttp (already installed wi
 SDK's aiohttp extra) serves this small API; operators keep it off the public balancer.
 
     POST /calls  Authorization: Bearer <API token>
-    {"to": "+14155550123" | "sip:bob@10.0.0.7", "agent": "booking", "args": {"name": "Ada"}}
+    {"to": "+14155550123" | "sip:bob@10.0.0.7", "agent": "booking", "args": {"name": "Ada"},
+     "via": "sip" | "twilio" | "telnyx" | "plivo"}
     -> 202 {"call_id": "...", "status": "dialing", "record": "/calls/<call_id>"}
+
+`via` picks the way out: the SIP trunk (`sip.trunk`) or a carrier's REST API (`carriers.*`,
+server/carrier_dialer.py); without it, the only one configured (the trunk, when there are
+several). Carriers' status callbacks for those calls come to `/callbacks/<call_id>?key=...`
+on this port (GET or POST): the key in the URL, random per call, is their credential (and
+each carrier's own signature where it signs), so only `/callbacks/` need be reachable from the
+carriers (`server.control_public_url`).
 
 The call's record (`GET /calls/<call_id>` on the main port) has the agent's conversation once
 the callee answers; a call never answered ends `busy`, `no_answer` or `failed` with what the
 far end said. Refusals: 401 without a valid token (an open dialer is toll fraud: this API
 takes no call without `server.api_tokens`), 400 for a body that is not the object above (the
-key is named), 404 for an unknown agent, 409 without `sip.trunk`, 429 past the trunk's
+key is named), 404 for an unknown agent, 409 when there is no way out (no `sip.trunk`, or the
+carrier `via` names is not configured: the missing key is named), 429 past the way out's
 `calls_per_minute` (with Retry-After).
 """
 
@@ -24,13 +33,18 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 from aiohttp import web
 
 from voice_agent.runtime.call_control import DESTINATION
+from voice_agent.server.carrier_dialer import CALLBACK_PREFIX, Callback, Reply
+from voice_agent.server.placed_calls import CARRIER_VIAS
+
+VIAS = ("sip", *CARRIER_VIAS)
 
 log = logging.getLogger("voice_agent.server")
 
@@ -44,6 +58,7 @@ class CallRequest:
     to: str
     agent: str | None
     args: dict[str, Any]
+    via: str | None = None
 
 
 class BadRequest(ValueError):
@@ -58,9 +73,9 @@ def parse_call_request(body: bytes) -> CallRequest:
         raise BadRequest("the body is not JSON") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
-    unknown = sorted(set(data) - {"to", "agent", "args"})
+    unknown = sorted(set(data) - {"to", "agent", "args", "via"})
     if unknown:
-        raise BadRequest(f"unknown key {unknown[0]!r}: the keys are to, agent and args")
+        raise BadRequest(f"unknown key {unknown[0]!r}: the keys are to, agent, args and via")
     to = data.get("to")
     if not isinstance(to, str) or not DESTINATION.fullmatch(to):
         raise BadRequest("to: a phone number (+14155550123) or a sip: URI is required")
@@ -73,7 +88,10 @@ def parse_call_request(body: bytes) -> CallRequest:
     for key, value in args.items():
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise BadRequest(f"args.{key}: must be a string or a whole number")
-    return CallRequest(to, agent, dict(args))
+    via = data.get("via")
+    if via is not None and via not in VIAS:
+        raise BadRequest(f"via: one of {', '.join(VIAS)}")
+    return CallRequest(to, agent, dict(args), via)
 
 
 class RateLimit:
@@ -96,6 +114,12 @@ class RateLimit:
 
 
 PlaceCall = Callable[[CallRequest], Awaitable[str]]  # -> the call id; raises LookupError/...
+# A carrier's callback: (call id, key, the request) -> the reply.
+OnCallback = Callable[[str, str, Callback], Reply]
+
+
+class NoWayOut(Exception):
+    """POST /calls names a way out that is not configured (409)."""
 
 
 class ControlApi:
@@ -106,19 +130,23 @@ class ControlApi:
         *,
         tokens: Sequence[str],
         place: PlaceCall,
-        rate_limit: RateLimit | None,
-        has_trunk: bool,
+        rate_limits: Mapping[str, RateLimit],
+        default_via: Callable[[], str | None],
+        on_callback: OnCallback | None = None,
     ) -> None:
         self._tokens = [t.encode() for t in tokens]
         self._place = place
-        self._rate = rate_limit
-        self._has_trunk = has_trunk
+        self._rates = dict(rate_limits)
+        self._default_via = default_via
+        self._on_callback = on_callback
         self._runner: web.AppRunner | None = None
         self.port = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/calls", self._calls)
+        app.router.add_route("GET", CALLBACK_PREFIX + "{call_id}", self._callback)
+        app.router.add_route("POST", CALLBACK_PREFIX + "{call_id}", self._callback)
         return app
 
     async def start(self, host: str, port: int) -> None:
@@ -148,27 +176,51 @@ class ControlApi:
             return _error(401, "placing calls needs server.api_tokens: none is configured")
         if not self._authorized(request):
             return _error(401, "a valid API token is required (Authorization: Bearer ...)")
-        if not self._has_trunk:
-            return _error(409, "no sip.trunk is configured: there is nowhere to place calls")
         try:
             call = parse_call_request(await request.read())
         except BadRequest as exc:
             return _error(400, str(exc))
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-        if self._rate is not None:
-            wait_s = self._rate.take()
+        via = call.via or self._default_via()
+        if via is None:
+            return _error(
+                409, "nowhere to place calls: configure sip.trunk or a carrier (carriers.*)"
+            )
+        rate = self._rates.get(via)
+        if rate is not None:
+            wait_s = rate.take()
             if wait_s is not None:
-                response = _error(429, f"at most {self._rate.per_minute} placed calls a minute")
+                response = _error(429, f"at most {rate.per_minute} placed calls a minute")
                 response.headers["Retry-After"] = str(max(1, round(wait_s)))
                 return response
         try:
-            call_id = await self._place(call)
+            call_id = await self._place(CallRequest(call.to, call.agent, call.args, via))
+        except NoWayOut as exc:
+            return _error(409, str(exc))
         except LookupError as exc:
             return _error(404, str(exc.args[0]) if exc.args else "no such agent")
         return web.json_response(
             {"call_id": call_id, "status": "dialing", "record": f"/calls/{call_id}"}, status=202
         )
+
+    async def _callback(self, request: web.Request) -> web.Response:
+        """A carrier's status callback for a placed call: the key in its URL, no token."""
+        if self._on_callback is None:
+            return _error(404, "no carrier places calls here")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        form: dict[str, str] = dict(request.query)
+        form.pop("key", None)
+        if request.content_type == "application/x-www-form-urlencoded":
+            form = {k: v for k, v in parse_qsl(body.decode("utf-8", "replace"), True)}
+        callback = Callback(request.method, str(request.url), dict(request.headers), body, form)
+        reply = self._on_callback(
+            request.match_info["call_id"], request.query.get("key", ""), callback
+        )
+        return web.Response(status=reply.code, text=reply.body, content_type=reply.content_type)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -656,6 +656,7 @@ class SipGateway:
                 call_id=call_id,
                 carrier=carrier,
                 out=SipOutbound(self, call, call.media),
+                placed=call.outbound,
             )
         except VoiceAgentError as exc:
             reason = f"call could not start: {exc}"
