@@ -1,13 +1,20 @@
 """The plain parts of placing calls: when an outbound agent speaks first (the callee's hello),
-the table tying a placed call's stream and callbacks to its request, and how Twilio's status
-and answering-machine callbacks read."""
+the table tying a placed call's stream and callbacks to its request, and how the carriers'
+status and answering-machine callbacks read (Twilio's, Telnyx's signed webhooks, Plivo's)."""
 
 from __future__ import annotations
 
+import base64
 import math
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 from voice_agent.core.callee_hello import MIN_SPEECH_MS, PAUSE_MS, QUIET_MS, CalleeHello
-from voice_agent.server.placed_calls import PlacedCalls, Unanswered, Verdict
+from voice_agent.server.placed_calls import Answered, PlacedCalls, Unanswered, Verdict
+from voice_agent.server.plivo_rest import parse_callback as plivo_callback
+from voice_agent.server.plivo_rest import stream_xml
+from voice_agent.server.telnyx_rest import parse_webhook, valid_webhook_signature
 from voice_agent.server.twilio_rest import parse_status, stream_twiml
 
 
@@ -89,3 +96,47 @@ def test_the_stream_twiml_escapes_what_it_carries() -> None:
     twiml = stream_twiml('wss://h/twilio?a="b"', "id.k&y")
     assert 'url="wss://h/twilio?a=&quot;b&quot;"' in twiml
     assert 'value="id.k&amp;y"' in twiml
+
+
+def test_telnyxs_webhooks_read_as_what_became_of_the_call() -> None:
+    def event(kind: str, **payload: str) -> dict[str, object]:
+        return {"data": {"event_type": kind, "payload": payload}}
+
+    assert parse_webhook(event("call.initiated")) is None
+    assert parse_webhook(event("call.answered")) == Answered()
+    busy = parse_webhook(event("call.hangup", hangup_cause="user_busy"))
+    assert busy == Unanswered("busy: the callee's line was busy")
+    odd = parse_webhook(event("call.hangup", hangup_cause="not_found", sip_hangup_cause="404"))
+    assert odd == Unanswered("call failed: Telnyx ended the call (not_found, SIP 404)")
+    human = parse_webhook(event("call.machine.premium.detection.ended", result="human_business"))
+    assert human == Verdict("person", said="human_business")
+    assert parse_webhook(event("call.machine.detection.ended", result="not_sure")) is None
+    beep = parse_webhook(event("call.machine.greeting.ended", result="beep_detected"))
+    assert beep == Verdict("message", beep=True, said="beep_detected")
+    assert parse_webhook({"data": "junk"}) is None and parse_webhook([]) is None
+
+
+def test_a_telnyx_signature_must_be_its_own_and_recent() -> None:
+    key = Ed25519PrivateKey.generate()
+    public = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+    body, now = b'{"data": {}}', 1_800_000_000
+
+    def signed(timestamp: int, data: bytes = body) -> str:
+        return base64.b64encode(key.sign(f"{timestamp}|".encode() + data)).decode()
+
+    check = public.decode()
+    assert valid_webhook_signature(check, str(now), body, signed(now), now + 10)
+    assert not valid_webhook_signature(check, str(now), b"{}", signed(now), now)  # other body
+    assert not valid_webhook_signature(check, str(now), body, signed(now), now + 301)  # replay
+    assert not valid_webhook_signature(check, "soon", body, signed(now), now)
+    assert not valid_webhook_signature(check, str(now), body, "not base64!", now)
+
+
+def test_plivos_callbacks_read_as_what_became_of_the_call() -> None:
+    busy = plivo_callback({"CallStatus": "busy", "HangupCause": "Busy Line"})
+    assert busy == Unanswered("busy: the callee's line was busy (Busy Line)")
+    assert plivo_callback({"CallStatus": "in-progress"}) is None
+    assert plivo_callback({"Machine": "true"}) == Verdict("machine", said="Machine=true")
+    assert plivo_callback({"Machine": "false"}) == Verdict("person", said="Machine=false")
+    xml = stream_xml("wss://h/plivo?placed_call=a.b")
+    assert 'bidirectional="true"' in xml and ">wss://h/plivo?placed_call=a.b</Stream>" in xml

@@ -62,14 +62,19 @@ from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
 from voice_agent.server.carrier_dialer import CarrierDialer, Placer, decision
-from voice_agent.server.carriers import CARRIERS, call_control_apis, carrier_endpoint
+from voice_agent.server.carriers import (
+    CARRIERS,
+    CallControlApis,
+    call_control_apis,
+    carrier_endpoint,
+)
 from voice_agent.server.control_api import CallRequest, ControlApi, NoWayOut, RateLimit
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
 from voice_agent.server.media_socket import MediaConnection
 from voice_agent.server.pages import calls_view_response, static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
 from voice_agent.server.placed_calls import PlacedCall, Via
-from voice_agent.server.plivo_rest import PLIVO_DIAL_PATH, dial_response
+from voice_agent.server.plivo_rest import PLIVO_DIAL_PATH, PlivoPlacer, dial_response
 from voice_agent.server.recording import (
     FORMATS,
     CallRecorder,
@@ -79,6 +84,7 @@ from voice_agent.server.recording import (
     recordings_dir,
 )
 from voice_agent.server.sip import SipGateway
+from voice_agent.server.telnyx_rest import TelnyxPlacer
 from voice_agent.server.twilio_rest import TwilioPlacer, TwilioRest
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
@@ -137,11 +143,25 @@ def twilio_rest(registry: AgentRegistry) -> TwilioRest | None:
     return None
 
 
-def placers(registry: AgentRegistry, twilio: TwilioRest | None) -> dict[str, Placer]:
+def placers(
+    registry: AgentRegistry, twilio: TwilioRest | None, apis: CallControlApis
+) -> dict[str, Placer]:
     """The carriers configured to place calls (`carriers.*`)."""
     config = registry.loaded.config
     carriers, secrets = config.carriers, registry.secrets
     found: dict[str, Placer] = {}
+    if carriers.telnyx is not None and apis.telnyx is not None:
+        found["telnyx"] = TelnyxPlacer(
+            apis.telnyx,
+            connection_id=carriers.telnyx.connection_id,
+            caller_id=carriers.telnyx.caller_id,
+            public_key=carriers.telnyx.webhook_public_key,
+            ring_timeout_s=carriers.ring_timeout_s,
+        )
+    if carriers.plivo is not None and apis.plivo is not None:
+        found["plivo"] = PlivoPlacer(
+            apis.plivo, caller_id=carriers.plivo.caller_id, ring_timeout_s=carriers.ring_timeout_s
+        )
     if carriers.twilio is not None:
         token_name = config.server.twilio_auth_token
         found["twilio"] = TwilioPlacer(
@@ -277,7 +297,7 @@ class VoiceServer:
         self.carrier_apis = call_control_apis(registry)  # the carrier streams' call control
         carriers = registry.loaded.config.carriers
         self.dialer = CarrierDialer(
-            placers(registry, self.twilio),
+            placers(registry, self.twilio, self.carrier_apis),
             public_url=server_settings.public_url,
             control_public_url=server_settings.control_public_url,
             ring_timeout_s=carriers.ring_timeout_s,

@@ -44,17 +44,33 @@ async def request(
 ) -> str | None:
     """One request to `carrier`'s API: None on a 2xx, else "<carrier> refused the <what>: HTTP
     <status>: <said>", where `said` reads the carrier's error JSON (None: it did not fit)."""
+    _, error = await request_json(carrier, what, method, url, said=said, **options)
+    return error
+
+
+async def request_json(
+    carrier: str,
+    what: str,
+    method: str,
+    url: str,
+    *,
+    said: Callable[[Any], str | None],
+    **options: Any,
+) -> tuple[Any, str | None]:
+    """`request`, with the 2xx answer's JSON (None when it had none) as well."""
     try:
         async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
             response = await http.request(method, url, **options)
     except httpx.HTTPError as exc:
-        return f"{carrier}'s API could not be reached: {type(exc).__name__}: {exc}"
-    if response.is_success:
-        return None
+        return None, f"{carrier}'s API could not be reached: {type(exc).__name__}: {exc}"
     try:
-        text = said(response.json())
+        body = response.json()
     except ValueError:  # not JSON
-        text = None
+        body = None
+    if response.is_success:
+        return body, None
+    text = said(body) if body is not None else None
     if not text:
         text = body_text(response)
-    return f"{carrier} refused the {what}: HTTP {response.status_code}: {text[:MAX_SAID_CHARS]}"
+    error = f"{carrier} refused the {what}: HTTP {response.status_code}: {text[:MAX_SAID_CHARS]}"
+    return None, error

@@ -18,6 +18,18 @@ server asked for. Plivo adds its own call parameters (`CallUUID`, `From`, `To`, 
 query of a GET: they are ignored.
 
 Keys on /plivo go on the stream itself (`sendDTMF`, voice_agent.transports.plivo), not here.
+
+Placed calls (`POST /calls` with `via: plivo`, `PlivoPlacer`): Plivo's "Make a call", `POST
+{api_url}/v1/Account/{auth_id}/Call/` with `from`, `to`, `ring_timeout`, an `answer_url` Plivo
+fetches (GET) when the callee answers, a `hangup_url` it posts to when the call ends, and with
+`carriers.carrier_amd` `machine_detection: true` and its `machine_detection_url`. All three
+are the call's callback URL on the control API (the answer one with `step=answer`): the
+answer is Plivo XML starting a bidirectional `<Stream>` to `/plivo?placed_call=<call>.<key>`
+(the key lets it in without an API token); the hangup post's `CallStatus` (busy, no-answer,
+timeout, failed, cancel, completed) and `HangupCause` end a call that never streamed; the
+machine detection post's `Machine` (true / false) is the carrier's verdict (Plivo says
+machine or not, not when its greeting ends: the server's own detector listens for the beep).
+Plivo's callbacks are checked by the key in their URL (Plivo's V3 signature is not checked).
 """
 
 from __future__ import annotations
@@ -34,12 +46,29 @@ from websockets.http11 import Response
 
 from voice_agent.runtime.call_control import DESTINATION, CallTransfer
 from voice_agent.server.auth import PLIVO_DIAL_PATH
-from voice_agent.server.carrier_rest import TIMEOUT_S, is_sip, phone_number, request
+from voice_agent.server.carrier_dialer import Callback, Reply
+from voice_agent.server.carrier_rest import (
+    TIMEOUT_S,
+    is_sip,
+    phone_number,
+    request,
+    request_json,
+)
+from voice_agent.server.placed_calls import (
+    PLACED_ARG,
+    Answered,
+    CallStatus,
+    PlacedCall,
+    Unanswered,
+    Verdict,
+    Via,
+)
 
 __all__ = [
     "DEFAULT_API_URL",
     "PLIVO_DIAL_PATH",
     "TIMEOUT_S",
+    "PlivoPlacer",
     "PlivoRest",
     "dial_key",
     "dial_response",
@@ -150,3 +179,103 @@ class PlivoRest:
             },
             auth=(self.auth_id, self._auth_token),
         )
+
+    async def make_call(self, body: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Plivo's "Make a call": (its request_uuid, None), or (None, why not)."""
+        account = quote(self.auth_id, safe="")
+        answer, error = await request_json(
+            "Plivo",
+            "call",
+            "POST",
+            f"{self.api_url}/v1/Account/{account}/Call/",
+            said=error_said,
+            json=body,
+            auth=(self.auth_id, self._auth_token),
+        )
+        uuid = answer.get("request_uuid") if isinstance(answer, dict) else None
+        return (uuid if isinstance(uuid, str) else None), error
+
+
+ANSWER_STEP = "answer"  # the `step` query parameter of the answer URL
+
+# CallStatus of a hangup post for a call that never reached its stream, and the end reason.
+_UNANSWERED = {
+    "busy": "busy: the callee's line was busy",
+    "no-answer": "no answer: nobody picked up",
+    "timeout": "no answer: nobody picked up",
+    "cancel": "call failed: the call was canceled before it was answered",
+    "failed": "call failed: Plivo could not place the call",
+    "completed": "callee hung up",  # answered, then gone before its stream came
+}
+
+
+def stream_xml(stream_url: str) -> str:
+    """The answer URL's XML: the call's audio streamed to `stream_url`, both ways, 8 kHz
+    mu-law, the call kept up while the stream lives."""
+    url = escape(stream_url)
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?><Response>'
+        '<Stream bidirectional="true" keepCallAlive="true" '
+        f'contentType="audio/x-mulaw;rate=8000">{url}</Stream></Response>'
+    )
+
+
+def parse_callback(form: dict[str, str]) -> CallStatus | None:
+    """What a hangup or machine-detection post says; None when it changes nothing."""
+    machine = form.get("Machine")
+    if machine is not None:
+        if machine.lower() == "true":
+            return Verdict("machine", said="Machine=true")
+        return Verdict("person", said="Machine=false")
+    reason = _UNANSWERED.get(form.get("CallStatus", ""))
+    if reason is None:
+        return None
+    cause = form.get("HangupCause")
+    return Unanswered(f"{reason} ({cause})" if cause and reason != "callee hung up" else reason)
+
+
+class PlivoPlacer:
+    """Calls placed through Plivo (carrier_dialer.Placer); see the module docstring."""
+
+    via: Via = "plivo"
+
+    def __init__(self, rest: PlivoRest, *, caller_id: str | None, ring_timeout_s: float) -> None:
+        self.rest = rest
+        self.caller_id = caller_id
+        self.ring_timeout_s = ring_timeout_s
+
+    def unavailable(self) -> str | None:
+        if not self.caller_id:
+            return "placing calls through plivo needs carriers.plivo.caller_id (the From number)"
+        return None
+
+    def stream_path(self, token: str) -> str:
+        return f"/plivo?{PLACED_ARG}={quote(token)}"
+
+    async def place(
+        self, call: PlacedCall, stream_url: str, callback_url: str, *, amd: bool
+    ) -> str | None:
+        body: dict[str, Any] = {
+            "from": self.caller_id,
+            "to": phone_number(call.to) if not is_sip(call.to) else call.to,
+            "answer_url": f"{callback_url}&step={ANSWER_STEP}",
+            "answer_method": "GET",
+            "hangup_url": callback_url,
+            "hangup_method": "POST",
+            "ring_timeout": max(5, min(600, round(self.ring_timeout_s))),
+        }
+        if amd:
+            body |= {
+                "machine_detection": "true",
+                "machine_detection_url": callback_url,
+                "machine_detection_method": "POST",
+            }
+        request_uuid, error = await self.rest.make_call(body)
+        call.carrier_id = request_uuid
+        return error
+
+    def read_callback(self, call: PlacedCall, callback: Callback, stream_url: str) -> Reply:
+        form = dict(callback.form)
+        if form.get("step") == ANSWER_STEP:
+            return Reply(200, stream_xml(stream_url), "application/xml", Answered())
+        return Reply(200, "", status=parse_callback(form))
