@@ -304,3 +304,33 @@ async def test_busy_lines_and_a_refused_number_end_their_records(
     ]
     assert calls[1]["end_reason"] == "busy: the callee's line was busy (Busy Line)"
     assert "HTTP 422: 10016 Invalid phone number: not dialable" in calls[2]["end_reason"]
+
+
+async def test_junk_at_the_callbacks_changes_nothing_and_the_port_answers_on(
+    server: VoiceServer, carriers: CarrierCalls
+) -> None:
+    """The one part of the control port carriers reach: whatever comes to it, a defined answer
+    and no placed call changed or added."""
+    assert server.control is not None
+    call_id = await place(server, {"to": "+13125550127", "via": "telnyx"})
+    created = await asyncio.wait_for(carriers.created["telnyx"].get(), 10)
+    url = local(server, created["webhook_url"])
+    base = f"http://127.0.0.1:{server.control.port}/callbacks"
+    before = len(server.dialer.calls)
+    async with httpx.AsyncClient() as http:
+        answers = [
+            (await http.post(f"{base}/nope?key=x", content=bytes(range(256)))).status_code,
+            (await http.get(f"{base}/{call_id}?key=wrong")).status_code,
+            (await http.get(f"{base}/{call_id}")).status_code,
+            (await http.post(url, content=b"x" * 70_000)).status_code,  # over the body limit
+            (await http.post(f"{base}/{call_id}/../../calls", content=b"{}")).status_code,
+            (await http.request("PUT", url, content=b"{}")).status_code,
+        ]
+    # (The dots are resolved to /calls, which wants the API token.)
+    assert answers == [404, 404, 404, 413, 401, 405], answers
+    assert len(server.dialer.calls) == before
+    # Telnyx's, but a hang-up without a cause: a failed call, a record, not a crash.
+    hangup = await telnyx_webhook(server, created["webhook_url"], "call.hangup", {})
+    assert hangup.status_code == 200
+    record = await record_when_ended(server, call_id)
+    assert record["end_reason"] == "call failed: Telnyx ended the call (unspecified)"
