@@ -48,6 +48,12 @@ async def serving(
     also taking SIP calls on a free UDP port of 127.0.0.1 (`server.sip.port`)."""
     registry = AgentRegistry.from_file(config, Secrets(secrets) if secrets else None)
     voice_server = VoiceServer(registry, port=0, sip_listen="127.0.0.1:0" if sip else None)
+    if "max_loop_lag_ms" not in registry.loaded.config.server.model_fields_set:
+        # The suite runs on two workers sharing two cores, and some tests collect garbage on
+        # purpose: the loop is late then for reasons no caller of a real server meets, and
+        # admission would refuse the next call. Admission by lag is tested on its own
+        # (tests/test_admission.py); a config that sets max_loop_lag_ms keeps it.
+        voice_server.admission.max_loop_lag_ms = None
     await voice_server.start()
     yield voice_server
     await voice_server.shutdown(1)
