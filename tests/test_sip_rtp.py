@@ -29,6 +29,7 @@ from voice_agent.sip.rtp import (
     PCMA,
     PCMU,
     Pacer,
+    PhasedPacer,
     RtpError,
     RtpPacket,
     RtpSender,
@@ -667,3 +668,16 @@ def test_info_bodies_dispatch_on_content_type() -> None:
 def test_info_bodies_never_raise(body: bytes, content_type: str) -> None:
     digit = parse_dtmf_body(content_type, body)
     assert digit is None or digit in EVENT_DIGITS
+
+
+def test_the_phases_share_one_grid_a_quarter_frame_apart() -> None:
+    pacer = PhasedPacer(100.0, 20.0, 4)
+    assert pacer.next_deadline_ms == 100.0
+    assert pacer.due(100.0) == [(0, 1)]
+    assert pacer.next_deadline_ms == 105.0 and pacer.lateness_ms(107.0) == 2.0
+    assert pacer.due(107.0) == [(1, 1)]
+    assert pacer.due(115.0) == [(2, 1), (3, 1)]  # a late wake-up serves both phases it missed
+    assert pacer.due(120.0) == [(0, 1)]
+    assert pacer.dropped == 0
+    pacer.due(1000.0)  # a stall: each phase drops what is past its catch-up
+    assert pacer.dropped == sum(p.dropped for p in pacer.pacers) > 0

@@ -2,9 +2,10 @@
 (voice_agent.sip.uas) and each call's RTP session (voice_agent.sip.media), and runs each
 confirmed call on the same call pipeline as /twilio.
 
-One clock paces every call's RTP: a tick each 20 ms from a monotonic deadline grid sends each
-call one packet (the agent's audio or comfort silence) and hands the pipeline one frame of the
-caller's from the jitter buffer. One wake-up for all calls rather than one per call.
+One clock paces every call's RTP: each call is on one of four phases of a 20 ms monotonic
+deadline grid, 5 ms apart, and a tick of its phase sends it one packet (the agent's audio or
+comfort silence) and hands the pipeline one frame of the caller's from the jitter buffer. Four
+wake-ups per 20 ms for all calls rather than one per call, each sending a quarter of them.
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ from voice_agent.sip.auth import Credentials, DigestAuthenticator
 from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
 from voice_agent.sip.message import SipMessage, name_addr_uri, uri_user
-from voice_agent.sip.rtp import Pacer
+from voice_agent.sip.rtp import PhasedPacer
 from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 
 log = logging.getLogger("voice_agent.server")
+
+# The media clock's phases: calls spread over the 20 ms grid in 5 ms steps, so a tick sends a
+# quarter of the calls' packets (sip/rtp.py PhasedPacer).
+MEDIA_PHASES = 4
 
 StartCall = Callable[..., Awaitable[CallPipeline]]
 Admit = Callable[[str], "str | None"]  # where the call comes in -> why it is refused, or None
@@ -42,8 +47,10 @@ SIP_RECEIVE_BUFFER = 4 * 1024 * 1024  # bytes; the kernel caps it at net.core.rm
 # the final NOTIFY says how it went.
 TRANSFER_WAIT_S = 45.0
 # The agent's goodbye, heard (sent and DEFAULT_HEARD_DELAY_MS later), still plays from the
-# phone's jitter buffer (baresip's holds up to 200 ms): the BYE goes this much later.
-BYE_AFTER_LAST_AUDIO_MS = 400.0
+# phone's jitter buffer (baresip's holds up to 200 ms, more when its machine is busy): the BYE
+# goes this much later. At 400 ms baresip's recording lost the last word when the suite ran
+# on both cores; a phone that is hung up on clips what it still holds.
+BYE_AFTER_LAST_AUDIO_MS = 700.0
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,7 @@ class _LiveCall:
     transfer: asyncio.Future[str | None] | None = None
     transfer_to: str = ""
     transfer_accepted: bool = False
+    phase: int = 0  # which of the media clock's MEDIA_PHASES sends this call's packets
 
     @property
     def outbound(self) -> bool:
@@ -317,7 +325,7 @@ class SipGateway:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._ticker: asyncio.TimerHandle | None = None
-        self._pacer: Pacer | None = None
+        self._pacer: PhasedPacer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.send_lateness_ms: list[float] = []  # the ticks' lateness, for the load report
@@ -669,6 +677,7 @@ class SipGateway:
             args.get("callee" if call.outbound else "caller", "?"),
             call.pipeline.session.call_id,
         )
+        call.phase = self._quietest_phase()
         self._start_ticker()
         await call.pipeline.start()
         finished = asyncio.ensure_future(call.pipeline.finished.wait())
@@ -693,9 +702,17 @@ class SipGateway:
 
     # ---- the media clock -----------------------------------------------------------------
 
+    def _quietest_phase(self) -> int:
+        """The media phase with the fewest calls on it (calls spread over the 20 ms grid)."""
+        counts = [0] * MEDIA_PHASES
+        for other in self.calls.values():
+            if other.media is not None:
+                counts[other.phase] += 1
+        return counts.index(min(counts))
+
     def _start_ticker(self) -> None:
         if self._ticker is None:
-            self._pacer = Pacer(self.now_ms(), FRAME_MS)
+            self._pacer = PhasedPacer(self.now_ms(), FRAME_MS, MEDIA_PHASES)
             self._tick_media()
 
     def _tick_media(self) -> None:
@@ -703,11 +720,11 @@ class SipGateway:
         now = self.now_ms()
         if self.record_lateness:
             self.send_lateness_ms.append(self._pacer.lateness_ms(now))
-        frames = self._pacer.due(now)
-        active = [call for call in self.calls.values() if call.media and call.pipeline]
-        for _ in range(frames):
-            for call in active:
-                self._media_frame(call, now)
+        for phase, frames in self._pacer.due(now):
+            active = [c for c in self.calls.values() if c.phase == phase and c.media and c.pipeline]
+            for _ in range(frames):
+                for call in active:
+                    self._media_frame(call, now)
         if not self.calls:
             self._ticker = None
             return

@@ -281,3 +281,42 @@ class Pacer:
         """How late a send at now_ms is against the next frame's deadline: call it before due();
         positive when late, negative when the wake-up came early. The send-jitter measure."""
         return now_ms - (self._start + self._sent * self._frame)
+
+
+class PhasedPacer:
+    """`phases` Pacers on one frame grid, each `frame_ms / phases` after the one before.
+
+    One clock for every call, but the calls spread over the phases: a tick sends the packets
+    of one phase's calls, a quarter of them with four phases, so the last packet of a tick
+    leaves that much sooner after its deadline (one tick for all 200 calls of the load run
+    took 5.5 ms, and its last packet was 13-16 ms late at p99). Each call stays on its phase,
+    so its own packets are still `frame_ms` apart."""
+
+    __slots__ = ("pacers",)
+
+    def __init__(self, start_ms: float, frame_ms: float = FRAME_MS, phases: int = 4) -> None:
+        if phases < 1:
+            raise ValueError(f"phases {phases} is below 1")
+        step = frame_ms / phases
+        self.pacers = [Pacer(start_ms + i * step, frame_ms) for i in range(phases)]
+
+    @property
+    def next_deadline_ms(self) -> float:
+        return min(pacer.next_deadline_ms for pacer in self.pacers)
+
+    @property
+    def dropped(self) -> int:
+        return sum(pacer.dropped for pacer in self.pacers)
+
+    def lateness_ms(self, now_ms: float) -> float:
+        """How late a send at now_ms is against the earliest deadline (see Pacer)."""
+        return now_ms - self.next_deadline_ms
+
+    def due(self, now_ms: float) -> list[tuple[int, int]]:
+        """(phase, frames) for each phase with frames due now, in phase order."""
+        out = []
+        for phase, pacer in enumerate(self.pacers):
+            frames = pacer.due(now_ms)
+            if frames:
+                out.append((phase, frames))
+        return out
