@@ -450,9 +450,15 @@ class VoiceServer:
             # or the first one's end would take the second out of the server's books.
             log.warning("call id %s is already live: the new call gets an id of its own", call_id)
             call_id = None
-        session = CallSession(
-            self.registry, agent=agent, args=args, call_id=call_id, auto_commit=False
-        )
+        try:
+            session = CallSession(
+                self.registry, agent=agent, args=args, call_id=call_id, auto_commit=False
+            )
+        except Exception as exc:
+            if dialled is not None:  # its stream came and cannot start: the record says so
+                self.dialer.ended(dialled.call_id)
+                self._placed_unanswered(dialled, f"call failed: the call could not start: {exc}")
+            raise
         set_call_id(session.call_id)  # this task's log lines, and its children's, name the call
         record = CallRecord(session, transport)
         voice = session.agent.config.voice(self.registry.loaded.config.voice)
