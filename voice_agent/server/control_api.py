@@ -9,6 +9,13 @@ SDK's aiohttp extra) serves this small API; operators keep it off the public bal
     {"to": "+14155550123" | "sip:bob@10.0.0.7", "agent": "booking", "args": {"name": "Ada"}}
     -> 202 {"call_id": "...", "status": "dialing", "record": "/calls/<call_id>"}
 
+    POST /admin/drain  Authorization: Bearer <API token>
+    -> 202 {"status": "draining", "phase": "draining", "live_calls": 3, "deadline_in_s": 600, ...}
+
+drains the server (voice_agent/server/drain.py, as SIGTERM does): new calls are refused, live
+ones run until `server.drain_deadline_s`, and the process exits after its last call. Asking
+again changes nothing and answers the same way.
+
 The call's record (`GET /calls/<call_id>` on the main port) has the agent's conversation once
 the callee answers; a call never answered ends `busy`, `no_answer` or `failed` with what the
 far end said. Refusals: 401 without a valid token (an open dialer is toll fraud: this API
@@ -108,28 +115,31 @@ class ControlApi:
         place: PlaceCall,
         rate_limit: RateLimit | None,
         has_trunk: bool,
+        drain: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._tokens = [t.encode() for t in tokens]
         self._place = place
         self._rate = rate_limit
         self._has_trunk = has_trunk
+        self._drain = drain
         self._runner: web.AppRunner | None = None
         self.port = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/calls", self._calls)
+        app.router.add_post("/admin/drain", self._admin_drain)
         return app
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, reuse_port=reuse_port or None)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else port
-        log.info("control API on http %s:%d (POST /calls)", host, self.port)
+        log.info("control API on http %s:%d (POST /calls, POST /admin/drain)", host, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -142,6 +152,15 @@ class ControlApi:
             return False
         presented = token.strip().encode()
         return any(hmac.compare_digest(presented, known) for known in self._tokens)
+
+    async def _admin_drain(self, request: web.Request) -> web.Response:
+        if not self._tokens:
+            return _error(401, "draining needs server.api_tokens: none is configured")
+        if not self._authorized(request):
+            return _error(401, "a valid API token is required (Authorization: Bearer ...)")
+        if self._drain is None:
+            return _error(409, "this server cannot drain")
+        return web.json_response(self._drain(), status=202)
 
     async def _calls(self, request: web.Request) -> web.Response:
         if not self._tokens:

@@ -24,6 +24,7 @@ reason                                             outcome           where it co
 "no answer: ..."                                   no_answer         sip: 480/408/487, ring timeout
 "call failed: ..."                                 failed            sip: a bad number, refused, ...
 "server shutting down"                             interrupted       VoiceServer.shutdown()
+"interrupted: server draining"                     interrupted       a drain's deadline (drain.py)
 "interrupted..."                                   interrupted       the store: its writer died
 anything else                                      error             a reason no rule knows yet
 =================================================  ================  ==============================
