@@ -71,7 +71,8 @@ def weight_percent(load: Load) -> int:
     tightest = min(headroom)
     if math.isnan(tightest) or tightest <= 0:
         return 0
-    return max(1, min(100, math.floor(tightest * 100)))
+    # The epsilon keeps 1 - 0.8 (0.19999...) at 20%: float error must not cost a point.
+    return max(1, min(100, math.floor(tightest * 100 + 1e-9)))
 
 
 @dataclass(frozen=True)
