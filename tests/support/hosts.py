@@ -1,0 +1,260 @@
+"""Several hosts on one machine: `voice-agent serve` processes on loopback, each with its own
+ports, data directory and log file, and a real HAProxy (Debian's) in front of them, started
+with deploy/haproxy.cfg templated only for addresses, ports and the stats socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import io
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.configs import QUICK_VOICE, ROOT, default_config_with
+
+TOKEN = "tok-hosts-1"
+SAMPLE_HAPROXY = ROOT / "deploy" / "haproxy.cfg"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Host:
+    """One host: `voice-agent serve` with its control API and agent port, output to a file."""
+
+    def __init__(
+        self,
+        folder: Path,
+        name: str,
+        *,
+        address: str = "127.0.0.1",
+        server: Mapping[str, Any] | None = None,
+        run: list[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.address = address
+        self.port = free_port(address)
+        self.control_port = free_port(address)
+        self.agent_port = free_port(address)
+        folder.mkdir(parents=True, exist_ok=True)
+        settings = {
+            "control_listen": f"{address}:{self.control_port}",
+            "agent_check_listen": f"{address}:{self.agent_port}",
+            # These tests are about routing: a loop slowed by the other tests' load must not
+            # refuse their calls (and the weight then follows the calls alone).
+            "max_loop_lag_ms": None,
+            **(server or {}),
+        }
+        config = default_config_with(folder / "config", voice=QUICK_VOICE, server=settings)
+        command = [sys.executable, "-m", "voice_agent.cli", "serve", "--config", str(config)]
+        command += ["--host", address, "--port", str(self.port)]
+        env = {
+            **os.environ,
+            "VOICE_AGENT_DATA_DIR": str(folder / "data"),  # calls.db: this host's own store
+            "VOICE_AGENT_TOKEN": TOKEN,
+            "PYTHONPATH": str(ROOT),
+        }
+        self.data_dir = folder / "data"
+        self.log_path = folder / "serve.log"
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [*(run or []), *command],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a stop signals it alone, never the test's group
+            )
+
+    @property
+    def http(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    async def wait_ready(self, timeout_s: float = 60) -> None:
+        async with httpx.AsyncClient() as http:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise AssertionError(f"{self.name} exited before serving:\n{self.log()}")
+                try:
+                    if (await http.get(f"{self.http}/healthz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"{self.name} did not serve within {timeout_s} s:\n{self.log()}")
+
+    async def drain(self) -> dict[str, Any]:
+        async with httpx.AsyncClient() as http:
+            response = await http.post(
+                f"http://{self.address}:{self.control_port}/admin/drain",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+        assert response.status_code == 202, response.text
+        status: dict[str, Any] = response.json()
+        return status
+
+    async def call(self, call_id: str) -> dict[str, Any] | None:
+        """This host's record of a call (each host here has its own store), or None."""
+        async with httpx.AsyncClient() as http:
+            response = await http.get(
+                f"{self.http}/calls/{call_id}", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+        if response.status_code == 404:
+            return None
+        assert response.status_code == 200, response.text
+        record: dict[str, Any] = response.json()
+        return record
+
+    def stored_outcome(self, call_id: str) -> tuple[str | None, str | None]:
+        """A call's outcome and end reason as the host's store kept them: readable after the
+        host has exited (a drained host exits after its last call)."""
+        with contextlib.closing(
+            sqlite3.connect(f"file:{self.data_dir / 'calls.db'}?mode=ro", uri=True)
+        ) as db:
+            row = db.execute(
+                "SELECT outcome, end_reason FROM calls WHERE call_id = ?", (call_id,)
+            ).fetchone()
+        assert row is not None, f"{self.name} has no record of call {call_id}"
+        return row[0], row[1]
+
+    def stop(self) -> None:
+        """As an operator would: SIGTERM (drain), again (end the calls), then wait."""
+        for _ in range(2):
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def haproxy_binary() -> str:
+    # Debian puts it in /usr/sbin, which a user's PATH may not have.
+    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
+    if found is None:
+        pytest.fail("haproxy is not installed: scripts/test installs it (apt-get install haproxy)")
+    return found
+
+
+def haproxy_config(front: tuple[str, int], hosts: list[Host], stats_socket: Path) -> str:
+    """deploy/haproxy.cfg with the example addresses and ports replaced by these hosts'."""
+    text = SAMPLE_HAPROXY.read_text()
+    examples = re.findall(r"^    server (\w+) ", text, flags=re.MULTILINE)
+    names = list(dict.fromkeys(examples))
+    if len(names) != len(hosts):
+        raise ValueError(f"the sample config names {len(names)} hosts, not {len(hosts)}")
+    text = text.replace("bind :80", f"bind {front[0]}:{front[1]}")
+    text = text.replace("/run/haproxy/admin.sock", str(stats_socket))
+    text = text.replace("log /dev/log local0", "log stdout format raw local0")
+    for name, host in zip(names, hosts, strict=True):
+        text = re.sub(
+            rf"^(    server {name}) \S+:8765",
+            rf"\1 {host.address}:{host.port}",
+            text,
+            flags=re.MULTILINE,
+        )
+        text = re.sub(
+            rf"^(    server {name} \S+) agent-port 8767",
+            rf"\1 agent-port {host.agent_port}",
+            text,
+            flags=re.MULTILINE,
+        )
+    return text
+
+
+class HAProxy:
+    """Debian's haproxy in the foreground (-db) on a templated copy of the sample config."""
+
+    def __init__(
+        self,
+        folder: Path,
+        hosts: list[Host],
+        *,
+        address: str = "127.0.0.1",
+        run: list[str] | None = None,
+    ) -> None:
+        self.address = address
+        self.port = free_port(address)
+        self.stats_socket = folder / "haproxy.sock"
+        self.config = folder / "haproxy.cfg"
+        self.config.write_text(haproxy_config((address, self.port), hosts, self.stats_socket))
+        binary = haproxy_binary()
+        check = subprocess.run(
+            [binary, "-c", "-f", str(self.config)], capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        self.log_path = folder / "haproxy.log"
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [*(run or []), binary, "-db", "-f", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def url(self, path: str) -> str:
+        return f"ws://{self.address}:{self.port}{path}"
+
+    def servers(self, backend: str = "calls") -> dict[str, dict[str, str]]:
+        """`show stat` on the stats socket: each server of `backend` by name (status, weight,
+        scur: its connections now, stot: in all)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(str(self.stats_socket))
+            sock.sendall(b"show stat\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        rows = csv.DictReader(io.StringIO(data.decode().lstrip("# ")))
+        return {
+            row["svname"]: row
+            for row in rows
+            if row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")
+        }
+
+    async def wait_servers(self, what: str, check: Any, timeout_s: float = 15) -> None:
+        """Poll the stats until `check(servers)` holds (a safety deadline, not a measurement)."""
+        deadline = time.monotonic() + timeout_s
+        servers: dict[str, dict[str, str]] = {}
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"haproxy exited:\n{self.log_path.read_text()[-2000:]}")
+            if self.stats_socket.exists():
+                servers = await asyncio.to_thread(self.servers)
+                if check(servers):
+                    return
+            await asyncio.sleep(0.2)
+        summary = {name: (row["status"], row["weight"]) for name, row in servers.items()}
+        raise AssertionError(f"haproxy never saw {what}: {summary}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
