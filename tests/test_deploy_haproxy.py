@@ -1,16 +1,21 @@
 """deploy/haproxy.cfg with Debian's real haproxy in front of two `voice-agent serve` hosts: calls
 reach both; a host reporting a low agent weight takes fewer new calls; a drained host leaves
-rotation within seconds while its live call goes on to its end, then exits."""
+rotation within seconds while its live call goes on to its end, then exits.
+
+As root, each host and the balancer run in a network namespace of their own on a private
+bridge (tests/support/netns.py), with the sample config's own ports; otherwise on loopback."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest_asyncio
 
+from tests.support import netns
 from tests.support.hosts import TOKEN, HAProxy, Host
 from voice_agent.callers import TwilioClient
 
@@ -24,22 +29,28 @@ def sid() -> str:
 
 @pytest_asyncio.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[HAProxy, Host, Host]]:
-    # host2's limit is low so that a few calls held on it lower its weight a lot.
-    one = Host(tmp_path / "host1", "host1")
-    two = Host(tmp_path / "host2", "host2", server={"max_calls": 10})
-    balancer: HAProxy | None = None
-    try:
-        await asyncio.gather(one.wait_ready(), two.wait_ready())
-        balancer = HAProxy(tmp_path, [one, two])
-        await balancer.wait_servers(
-            "both hosts up at full weight",
-            lambda s: all(r["status"] == "UP" and r["weight"] == "100" for r in s.values()),
-        )
-        yield balancer, one, two
-    finally:
-        if balancer is not None:
-            balancer.stop()
-        await asyncio.gather(asyncio.to_thread(one.stop), asyncio.to_thread(two.stop))
+    with contextlib.ExitStack() as stack:
+        spaces: list[netns.Namespace | None] = [None, None, None]
+        if netns.available() is None:
+            network = stack.enter_context(netns.Network())
+            spaces = [network.add(label) for label in ("host1", "host2", "lb")]
+        # host2's limit is low so that a few calls held on it lower its weight a lot.
+        one = Host(tmp_path / "host1", "host1", namespace=spaces[0])
+        two = Host(tmp_path / "host2", "host2", namespace=spaces[1], server={"max_calls": 10})
+        balancer: HAProxy | None = None
+        try:
+            await asyncio.gather(one.wait_ready(), two.wait_ready())
+            balancer = HAProxy(tmp_path, [one, two], namespace=spaces[2])
+            await balancer.wait_servers(
+                "both hosts up at full weight",
+                lambda s: all(r["status"] == "UP" and r["weight"] == "100" for r in s.values()),
+            )
+            yield balancer, one, two
+        finally:
+            # Before the network goes: nothing may still run inside its namespaces.
+            if balancer is not None:
+                balancer.stop()
+            await asyncio.gather(asyncio.to_thread(one.stop), asyncio.to_thread(two.stop))
 
 
 def caller(url: str) -> TwilioClient:

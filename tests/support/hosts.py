@@ -1,6 +1,8 @@
-"""Several hosts on one machine: `voice-agent serve` processes on loopback, each with its own
-ports, data directory and log file, and a real HAProxy (Debian's) in front of them, started
-with deploy/haproxy.cfg templated only for addresses, ports and the stats socket."""
+"""Several hosts on one machine: `voice-agent serve` processes, each with its own data
+directory and log file, in network namespaces of their own (tests/support/netns.py: the ports
+of the sample configs, an address each) or on loopback (free ports), and a real HAProxy
+(Debian's) in front of them, started with deploy/haproxy.cfg templated only for addresses,
+ports, the stats socket and the log."""
 
 from __future__ import annotations
 
@@ -25,9 +27,12 @@ import httpx
 import pytest
 
 from tests.support.configs import QUICK_VOICE, ROOT, default_config_with
+from tests.support.netns import Namespace
 
 TOKEN = "tok-hosts-1"
 SAMPLE_HAPROXY = ROOT / "deploy" / "haproxy.cfg"
+# The sample configs' ports: a host in a namespace of its own has them all to itself.
+PORT, CONTROL_PORT, AGENT_PORT = 8765, 8766, 8767
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -38,22 +43,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class Host:
-    """One host: `voice-agent serve` with its control API and agent port, output to a file."""
+    """One host: `voice-agent serve` with its control API and agent port, output to a file;
+    in `namespace` when given, else on loopback."""
 
     def __init__(
         self,
         folder: Path,
         name: str,
         *,
-        address: str = "127.0.0.1",
+        namespace: Namespace | None = None,
         server: Mapping[str, Any] | None = None,
-        run: list[str] | None = None,
     ) -> None:
         self.name = name
+        if namespace is not None:
+            address = namespace.address
+            self.port, self.control_port, self.agent_port = PORT, CONTROL_PORT, AGENT_PORT
+        else:
+            address = "127.0.0.1"
+            self.port, self.control_port, self.agent_port = (free_port() for _ in range(3))
         self.address = address
-        self.port = free_port(address)
-        self.control_port = free_port(address)
-        self.agent_port = free_port(address)
         folder.mkdir(parents=True, exist_ok=True)
         settings = {
             "control_listen": f"{address}:{self.control_port}",
@@ -76,7 +84,7 @@ class Host:
         self.log_path = folder / "serve.log"
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [*(run or []), *command],
+                namespace.wrap(command) if namespace is not None else command,
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -159,25 +167,27 @@ def haproxy_binary() -> str:
     return found
 
 
-def haproxy_config(front: tuple[str, int], hosts: list[Host], stats_socket: Path) -> str:
-    """deploy/haproxy.cfg with the example addresses and ports replaced by these hosts'."""
+def haproxy_config(front: tuple[str, int] | None, hosts: list[Host], stats_socket: Path) -> str:
+    """deploy/haproxy.cfg with the example addresses and ports replaced by these hosts' (and
+    the front's, unless None: the sample's :80, in a namespace of the balancer's own)."""
     text = SAMPLE_HAPROXY.read_text()
     examples = re.findall(r"^    server (\w+) ", text, flags=re.MULTILINE)
     names = list(dict.fromkeys(examples))
     if len(names) != len(hosts):
         raise ValueError(f"the sample config names {len(names)} hosts, not {len(hosts)}")
-    text = text.replace("bind :80", f"bind {front[0]}:{front[1]}")
+    if front is not None:
+        text = text.replace("bind :80", f"bind {front[0]}:{front[1]}")
     text = text.replace("/run/haproxy/admin.sock", str(stats_socket))
     text = text.replace("log /dev/log local0", "log stdout format raw local0")
     for name, host in zip(names, hosts, strict=True):
         text = re.sub(
-            rf"^(    server {name}) \S+:8765",
+            rf"^(    server {name}) \S+:{PORT}",
             rf"\1 {host.address}:{host.port}",
             text,
             flags=re.MULTILINE,
         )
         text = re.sub(
-            rf"^(    server {name} \S+) agent-port 8767",
+            rf"^(    server {name} \S+) agent-port {AGENT_PORT}",
             rf"\1 agent-port {host.agent_port}",
             text,
             flags=re.MULTILINE,
@@ -189,27 +199,27 @@ class HAProxy:
     """Debian's haproxy in the foreground (-db) on a templated copy of the sample config."""
 
     def __init__(
-        self,
-        folder: Path,
-        hosts: list[Host],
-        *,
-        address: str = "127.0.0.1",
-        run: list[str] | None = None,
+        self, folder: Path, hosts: list[Host], *, namespace: Namespace | None = None
     ) -> None:
-        self.address = address
-        self.port = free_port(address)
-        self.stats_socket = folder / "haproxy.sock"
+        self.stats_socket = folder / "haproxy.sock"  # a file: reachable from any namespace
         self.config = folder / "haproxy.cfg"
-        self.config.write_text(haproxy_config((address, self.port), hosts, self.stats_socket))
+        if namespace is not None:
+            self.address, self.port = namespace.address, 80
+            self.config.write_text(haproxy_config(None, hosts, self.stats_socket))
+        else:
+            self.address, self.port = "127.0.0.1", free_port()
+            front = (self.address, self.port)
+            self.config.write_text(haproxy_config(front, hosts, self.stats_socket))
         binary = haproxy_binary()
         check = subprocess.run(
             [binary, "-c", "-f", str(self.config)], capture_output=True, text=True
         )
         assert check.returncode == 0, check.stdout + check.stderr
         self.log_path = folder / "haproxy.log"
+        command = [binary, "-db", "-f", str(self.config)]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [*(run or []), binary, "-db", "-f", str(self.config)],
+                namespace.wrap(command) if namespace is not None else command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
