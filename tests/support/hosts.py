@@ -28,11 +28,12 @@ import pytest
 
 from tests.support.configs import QUICK_VOICE, ROOT, default_config_with
 from tests.support.netns import Namespace
+from tests.support.sipp import free_udp_port
 
 TOKEN = "tok-hosts-1"
 SAMPLE_HAPROXY = ROOT / "deploy" / "haproxy.cfg"
 # The sample configs' ports: a host in a namespace of its own has them all to itself.
-PORT, CONTROL_PORT, AGENT_PORT = 8765, 8766, 8767
+PORT, CONTROL_PORT, AGENT_PORT, SIP_PORT = 8765, 8766, 8767, 5060
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,6 +54,7 @@ class Host:
         *,
         namespace: Namespace | None = None,
         server: Mapping[str, Any] | None = None,
+        sip: bool = False,
     ) -> None:
         self.name = name
         if namespace is not None:
@@ -74,6 +76,9 @@ class Host:
         config = default_config_with(folder / "config", voice=QUICK_VOICE, server=settings)
         command = [sys.executable, "-m", "voice_agent.cli", "serve", "--config", str(config)]
         command += ["--host", address, "--port", str(self.port)]
+        self.sip_port = SIP_PORT if namespace is not None else free_udp_port()
+        if sip:
+            command += ["--sip", f"{address}:{self.sip_port}"]
         env = {
             **os.environ,
             "VOICE_AGENT_DATA_DIR": str(folder / "data"),  # calls.db: this host's own store
@@ -135,6 +140,21 @@ class Host:
         record: dict[str, Any] = response.json()
         return record
 
+    async def call_count(self) -> int:
+        """How many calls this host's store has a record of."""
+        async with httpx.AsyncClient() as http:
+            response = await http.get(
+                f"{self.http}/calls?limit=1", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+        assert response.status_code == 200, response.text
+        total: int = response.json()["total"]
+        return total
+
+    async def live_calls(self) -> int:
+        async with httpx.AsyncClient() as http:
+            live: int = (await http.get(f"{self.http}/healthz")).json()["live_calls"]
+        return live
+
     def stored_outcome(self, call_id: str) -> tuple[str | None, str | None]:
         """A call's outcome and end reason as the host's store kept them: readable after the
         host has exited (a drained host exits after its last call)."""
@@ -146,6 +166,14 @@ class Host:
             ).fetchone()
         assert row is not None, f"{self.name} has no record of call {call_id}"
         return row[0], row[1]
+
+    def stored_outcomes(self) -> list[tuple[str | None, str | None]]:
+        """Every call's outcome and end reason in the host's store, oldest first."""
+        with contextlib.closing(
+            sqlite3.connect(f"file:{self.data_dir / 'calls.db'}?mode=ro", uri=True)
+        ) as db:
+            rows = db.execute("SELECT outcome, end_reason FROM calls ORDER BY started_ms")
+            return [(row[0], row[1]) for row in rows]
 
     def stop(self) -> None:
         """As an operator would: SIGTERM (drain), again (end the calls), then wait."""
@@ -259,6 +287,89 @@ class HAProxy:
             await asyncio.sleep(0.2)
         summary = {name: (row["status"], row["weight"]) for name, row in servers.items()}
         raise AssertionError(f"haproxy never saw {what}: {summary}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+SAMPLE_KAMAILIO = ROOT / "deploy" / "kamailio.cfg"
+SAMPLE_DISPATCHER = ROOT / "deploy" / "dispatcher.list"
+
+
+class Kamailio:
+    """Debian's kamailio in the foreground (-DD -E) on templated copies of deploy/kamailio.cfg
+    and deploy/dispatcher.list, in `namespace` (the sample's port 5060)."""
+
+    def __init__(self, folder: Path, hosts: list[Host], *, namespace: Namespace) -> None:
+        binary = shutil.which("kamailio") or shutil.which("kamailio", path="/usr/sbin")
+        if binary is None:
+            pytest.fail("kamailio is not installed: scripts/test installs it")
+        self.address, self.port = namespace.address, SIP_PORT
+        self.control = folder / "kamailio.ctl"
+        listed = SAMPLE_DISPATCHER.read_text()
+        examples = re.findall(r"^1 sip:(\S+) ", listed, flags=re.MULTILINE)
+        if len(examples) != len(hosts):
+            raise ValueError(f"the sample list names {len(examples)} hosts, not {len(hosts)}")
+        for example, host in zip(examples, hosts, strict=True):
+            listed = listed.replace(f"sip:{example} ", f"sip:{host.address}:{host.sip_port} ")
+        dispatcher = folder / "dispatcher.list"
+        dispatcher.write_text(listed)
+        text = SAMPLE_KAMAILIO.read_text()
+        text = re.sub(
+            r"^listen=udp:\S+", f"listen=udp:{self.address}:{self.port}", text, flags=re.M
+        )
+        text = text.replace("/etc/kamailio/dispatcher.list", str(dispatcher))
+        text = text.replace("unix:/run/kamailio/kamailio_ctl", f"unix:{self.control}")
+        self.config = folder / "kamailio.cfg"
+        self.config.write_text(text)
+        check = subprocess.run(
+            [binary, "-c", "-f", str(self.config)], capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        self.log_path = folder / "kamailio.log"
+        command = namespace.wrap([binary, "-DD", "-E", "-f", str(self.config)])
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    @property
+    def target(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    def destinations(self) -> dict[str, str]:
+        """`kamcmd dispatcher.list`: each host's flags by address (AP: active and probed,
+        IP: inactive, probed)."""
+        kamcmd = shutil.which("kamcmd") or shutil.which("kamcmd", path="/usr/sbin")
+        assert kamcmd is not None, "kamcmd comes with kamailio"
+        out = subprocess.run(
+            [kamcmd, "-s", f"unix:{self.control}", "dispatcher.list"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout
+        uris = re.findall(r"URI: sip:(\S+)", out)
+        flags = re.findall(r"FLAGS: (\S+)", out)
+        return dict(zip(uris, flags, strict=False))
+
+    async def wait_destinations(self, what: str, check: Any, timeout_s: float = 20) -> None:
+        deadline = time.monotonic() + timeout_s
+        seen: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"kamailio exited:\n{self.log_path.read_text()[-2000:]}")
+            if self.control.exists():
+                seen = await asyncio.to_thread(self.destinations)
+                if seen and check(seen):
+                    return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"kamailio never saw {what}: {seen}")
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -1,5 +1,5 @@
 """Network namespaces on a private bridge, for tests of several hosts: each namespace is a
-machine of its own (its own addresses and ports, a veth to the bridge) on 10.77.N.0/24, with
+machine of its own (its own addresses and ports, a veth to the bridge) on a 10.77.N.0/24, with
 this process's namespace at 10.77.N.1 reaching them all. Torn down on exit, even on failure.
 
     with Network() as net:
@@ -12,11 +12,14 @@ Needs root and `ip` (iproute2); `available()` says why not, for a skip.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from types import TracebackType
+
+_networks = itertools.count()
 
 
 def available() -> str | None:
@@ -55,15 +58,21 @@ class Namespace:
 
 class Network:
     def __init__(self) -> None:
-        # Unique per process: test runs side by side (pytest-xdist) each get their own.
-        self.tag = f"va{os.getpid() % 100000}"
+        # Unique per process (test runs side by side, pytest-xdist, each get their own) and
+        # per network: the kernel frees a deleted namespace's veth later, in the background,
+        # so the next network of this process must not reuse its names.
+        self.tag = f"v{os.getpid() % 10000:04d}{next(_networks) % 100:02d}"
         self.bridge = f"{self.tag}br"
         used = _used_subnets()
+        # Searched from a point of this process's own, so that two test processes making
+        # their networks at the same moment do not both take the first free one.
+        start = os.getpid() % 179
         subnet = next(
             (
                 net
-                for third in range(77, 256)
-                if (net := ipaddress.ip_network(f"10.77.{third}.0/24")) not in used
+                for step in range(179)
+                if (net := ipaddress.ip_network(f"10.77.{77 + (start + step) % 179}.0/24"))
+                not in used
             ),
             None,
         )
@@ -72,13 +81,18 @@ class Network:
         self.subnet = subnet
         self.gateway = str(subnet.network_address + 1)
         self.namespaces: list[Namespace] = []
+        self._veths: list[str] = []
         self._made_bridge = False
 
     def __enter__(self) -> Network:
-        _ip("link", "add", self.bridge, "type", "bridge")
-        self._made_bridge = True
-        _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            self._made_bridge = True
+            _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+        except BaseException:
+            self.close()  # __exit__ is not called when __enter__ fails
+            raise
         return self
 
     def add(self, label: str) -> Namespace:
@@ -87,6 +101,7 @@ class Network:
         outside, inside = f"{self.tag}h{index}", f"{self.tag}n{index}"  # at most 15 characters
         _ip("netns", "add", namespace.name)
         self.namespaces.append(namespace)
+        self._veths.append(outside)
         _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
         _ip("link", "set", outside, "master", self.bridge, "up")
         _ip("link", "set", inside, "netns", namespace.name)
@@ -100,6 +115,9 @@ class Network:
         for namespace in reversed(self.namespaces):
             subprocess.run(["ip", "netns", "del", namespace.name], capture_output=True)
         self.namespaces.clear()
+        for veth in self._veths:  # one whose other end never reached its namespace
+            subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        self._veths.clear()
         if self._made_bridge:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
             self._made_bridge = False
