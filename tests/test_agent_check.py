@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.configs import QUICK_VOICE, default_config_with, serving
+from tests.support.hosts import TOKEN, Host
 from voice_agent.callers import TwilioClient
 from voice_agent.config import ConfigError, load_config
 from voice_agent.server.agent_check import (
@@ -132,3 +134,50 @@ async def test_the_agent_port_answers_the_weight_then_drain(server: VoiceServer)
     await caller.stop()
     async with asyncio.timeout(10):
         await server.drained.wait()
+
+
+# ---- `voice-agent serve --workers 2` ----------------------------------------------------------
+
+
+async def host_line(host: Host) -> str:
+    reader, writer = await asyncio.open_connection(host.address, host.agent_port)
+    async with asyncio.timeout(5):
+        line = await reader.read()
+    writer.close()
+    return line.decode("ascii")
+
+
+async def until_line(host: Host, expected: str) -> None:
+    """Polled: the workers' reports are rewritten every second."""
+    seen = ""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        seen = await host_line(host)
+        if seen == expected:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the agent port answered {seen!r}, never {expected!r}")
+
+
+async def test_with_two_workers_the_agent_port_answers_for_the_whole_host(
+    tmp_path: Path,
+) -> None:
+    host = Host(tmp_path, "host", server={"max_calls": 2}, workers=2)
+    try:
+        await host.wait_ready()
+        await until_line(host, "up ready 100%\n")
+        caller = TwilioClient(f"ws://{host.address}:{host.port}/twilio?token={TOKEN}")
+        await caller.connect()
+        await caller.wait_audio(100)
+        # The worker with the call is at 50%, the idle one at 100%: whichever worker the
+        # call reached, the host answers their mean (one worker alone would say 50 or 100).
+        await until_line(host, "up ready 75%\n")
+        host.process.send_signal(signal.SIGTERM)
+        # Draining: "drain", for as long as the call lasts, whichever worker holds it.
+        await until_line(host, "drain\n")
+        assert not caller.closed  # the call goes on, and the host waits for it
+        assert await host_line(host) == "drain\n" and host.process.poll() is None
+        await caller.stop()
+        assert await asyncio.to_thread(host.process.wait, 20) == 0
+    finally:
+        await asyncio.to_thread(host.stop)  # the loop runs on: a caller left can hang up

@@ -55,6 +55,7 @@ class Host:
         namespace: Namespace | None = None,
         server: Mapping[str, Any] | None = None,
         sip: bool = False,
+        workers: int = 1,
     ) -> None:
         self.name = name
         if namespace is not None:
@@ -79,6 +80,8 @@ class Host:
         self.sip_port = SIP_PORT if namespace is not None else free_udp_port()
         if sip:
             command += ["--sip", f"{address}:{self.sip_port}"]
+        if workers > 1:
+            command += ["--workers", str(workers)]
         env = {
             **os.environ,
             "VOICE_AGENT_DATA_DIR": str(folder / "data"),  # calls.db: this host's own store

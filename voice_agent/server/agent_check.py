@@ -24,7 +24,8 @@ them, so the agent port answers for the host: worker 0 listens, and its answer i
 every worker's weight (each worker writes its own to a file beside its metrics every second,
 `load-<n>.json`; one older than `STALE_AFTER_S` is a dead worker's and left out). The host
 drains as a whole (the supervisor passes SIGTERM to every worker), so any worker draining
-makes the answer `drain`.
+makes the answer `drain`; worker 0 stays up, answering it, until the other workers' calls
+have ended too.
 """
 
 from __future__ import annotations
@@ -157,6 +158,19 @@ class AgentCheck:
         self._server: asyncio.Server | None = None
         self._writer: asyncio.Task[None] | None = None
         self.port = 0
+
+    @property
+    def answers_for_others(self) -> bool:
+        """Whether this worker listens for a host of several workers (worker 0's, with
+        --workers)."""
+        return self._listen is not None and self._dir is not None
+
+    def others_busy(self) -> bool:
+        """Whether another worker's fresh report has live calls."""
+        if self._dir is None:
+            return False
+        own = self._report().worker
+        return any(r.live_calls > 0 for r in read_reports(self._dir, skip=own, now=time.time()))
 
     def line(self) -> str:
         own = self._report()

@@ -884,5 +884,14 @@ class VoiceServer:
             for pipeline in list(self.pipelines.values()):
                 pipeline.out.close(1001, drain.REASON)
                 await pipeline.hang_up(drain.REASON)
+        check = self.agent_check
+        if check is not None and check.answers_for_others:
+            # Worker 0 answers the agent port for the host: it stays (answering "drain")
+            # while other workers still have calls, at most until they must have ended.
+            ends_at = time.monotonic() + (self.drain_state.time_left_s(time.monotonic()) or 0)
+            limit = ends_at + drain.GOODBYE_GRACE_S
+            # Polled: their state is in files, rewritten every second; no event says so.
+            while check.others_busy() and time.monotonic() < limit:  # noqa: ASYNC110
+                await asyncio.sleep(1)
         log.info("drained: no call left")
         self.drained.set()
