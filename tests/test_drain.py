@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,10 @@ import pytest_asyncio
 from websockets.asyncio.client import connect
 
 from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
+from tests.support.sipp import run_sipp, scenario, write_rtp_pcap
 from tests.test_operations import AUDIO, Served, free_port
+from tests.test_sip_calls import last_call, needs_root
+from tests.test_sip_calls import target as sip_target
 from voice_agent.callers import TwilioClient
 from voice_agent.server.app import VoiceServer
 from voice_agent.server.drain import REASON, REFUSAL, Drain, Phase
@@ -177,6 +181,30 @@ async def test_at_the_deadline_the_live_call_hears_the_goodbye_and_ends_interrup
     assert len(lines) == 2 and GREETING.startswith(lines[0]) and lines[0] != GREETING
     async with asyncio.timeout(10):
         await server.drained.wait()
+
+
+@needs_root
+async def test_a_sip_call_at_the_deadline_hears_the_goodbye_then_gets_a_bye(
+    tmp_path: Path,
+) -> None:
+    config = default_config_with(tmp_path, voice=QUICK_VOICE, server={"max_loop_lag_ms": None})
+    async for server in serving(config, sip=True):
+        quiet = tmp_path / "quiet.pcap"
+        write_rtp_pcap(quiet, b"\xff" * 8000, payload_type=0)  # a second of a quiet line
+        xml = scenario(
+            "server_bye", tmp_path, before_ms="500", speech=str(quiet), bye_timeout_ms="30000"
+        )
+        sipp = asyncio.ensure_future(run_sipp(sip_target(server), tmp_path, scenario_file=xml))
+        deadline = time.monotonic() + 10
+        while not server.pipelines and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # sipp is another process: polled
+        server.start_drain("SIGTERM")
+        server.hurry_drain()
+        result = await sipp  # it waits for the server's BYE and answers it
+        assert result.ok, result.stderr + result.messages[-3000:]
+        call = await last_call(server)
+        assert call["outcome"] == "interrupted" and call["end_reason"] == REASON
+        assert agent_lines(call)[-1] == GOODBYE
 
 
 # ---- `voice-agent serve --workers 2` ----------------------------------------------------------
