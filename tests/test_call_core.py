@@ -373,6 +373,29 @@ def test_hang_up_mid_reply_commits_what_played() -> None:
     assert of(CommitReply, d.run(d.core.hang_up(d.now))) == [CommitReply(1, "One two three")]
 
 
+def test_preempting_mid_reply_clears_it_commits_what_played_and_lets_a_goodbye_play() -> None:
+    """A drain's deadline: the agent is cut as at a barge-in, and the goodbye that follows
+    plays whole and is committed once its mark comes back."""
+    d = Driver()
+    d.core.agent_turn_started(d.now)
+    d.say(1, "One two three four five six seven eight.")
+    d.play(900)
+    cut = d.run(d.core.preempt(d.now))
+    assert of(SendClear, cut) and of(CancelAgentTurn, cut)
+    assert of(CommitReply, cut) == [CommitReply(1, "One two three")]
+    assert not d.core.playback.playing and d.core.next_deadline() is None
+    d.core.agent_turn_started(d.now)
+    goodbye = d.say(2, "Sorry, I have to go. Goodbye.")
+    assert of(SendAudio, goodbye)
+    d.run(d.core.agent_turn_done(d.now))
+    assert of(CommitReply, d.play(5000)) == [CommitReply(2, "Sorry, I have to go. Goodbye.")]
+
+
+def test_preempting_a_quiet_agent_sends_no_clear() -> None:
+    d = Driver()
+    assert d.run(d.core.preempt(d.now)) == []
+
+
 def test_one_stray_word_over_the_agent_is_noise_but_stop_is_not() -> None:
     d = Driver(min_interruption_ms=300)
     d.core.agent_turn_started(d.now)

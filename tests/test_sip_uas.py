@@ -817,6 +817,29 @@ def test_options_out_of_a_dialog_gets_200_with_allow() -> None:
     assert not uas.calls
 
 
+def test_a_draining_server_answers_options_and_new_invites_with_503_and_keeps_its_calls() -> None:
+    """A proxy's OPTIONS probe (Kamailio's dispatcher) reads 503 as "stop sending calls here";
+    the call already confirmed goes on (its BYE still gets 200)."""
+    uas = make_uas()
+    to_tag = confirmed(uas)
+    uas.draining = True
+    probe = one_sent(
+        uas.datagram(request("OPTIONS", call_id="probe-1", branch="z9hG4bKp1"), CALLER, 10)
+    )
+    assert probe.status == 503 and probe.get("retry-after") == "60"
+    refused = uas.datagram(invite(call_id="second-call", branch="z9hG4bKinv2"), CALLER, 20)
+    assert statuses(refused) == [503] and not of_type(refused, IncomingCall)
+    assert "draining" in (one_sent(refused).get("warning") or "")
+    assert statuses(uas.datagram(bye(to_tag), CALLER, 30)) == [200]
+    uas.draining = False  # as a new run of the server would be
+    assert (
+        one_sent(
+            uas.datagram(request("OPTIONS", call_id="probe-2", branch="z9hG4bKp2"), CALLER, 40)
+        ).status
+        == 200
+    )
+
+
 def test_register_gets_405_with_allow() -> None:
     """Section 8.2.1: a method the UAS knows but does not take gets 405 with Allow."""
     uas = make_uas()

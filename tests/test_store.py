@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.postgres import postgres_cluster, postgres_url  # noqa: F401  (fixtures)
+from voice_agent.server.drain import REASON as DRAIN_REASON
 from voice_agent.store import OUTCOMES, CallStore, open_store, outcome_for
 from voice_agent.store.base import INTERRUPTED_REASON, Batch, merge_lines
 from voice_agent.store.postgres import PostgresCallStore
@@ -575,6 +576,7 @@ async def test_kill_9_mid_call_loses_at_most_the_last_second(url: str, tmp_path:
         ("ice failed: the browser did not connect within 10 s", "error"),
         ("client is not reading: outbound buffer full", "error"),
         ("server shutting down", "interrupted"),
+        (DRAIN_REASON, "interrupted"),
         (INTERRUPTED_REASON, "interrupted"),
         ("something new", "error"),
     ],

@@ -288,6 +288,9 @@ class AgentConfig(_Strict):
     # the `voicemail` event comes when the message can start (voice_agent.core.voicemail).
     answering_machine: bool = False
     hold: HoldSettings | None = None  # audio while a turn takes long (server/hold.py)
+    # What the agent says to a call still live when a draining server's deadline comes
+    # (`server.drain_deadline_s`), before it hangs up; null hangs up without a word.
+    drain_goodbye: str | None = "I'm sorry, I have to end our call now. Goodbye."
     max_steps_per_turn: int = Field(default=8, ge=1)
     # Each replaces the config-wide `voice:` section of the same name for this agent.
     vad: VadSettings | None = None
@@ -341,7 +344,7 @@ class WebRtcSettings(_Strict):
 class ServerSettings(_Strict):
     """Where call records go, who may connect, and how long records are kept."""
 
-    @field_validator("control_listen")
+    @field_validator("control_listen", "agent_check_listen")
     @classmethod
     def _control(cls, value: str | None) -> str | None:
         if value is not None:
@@ -397,6 +400,13 @@ class ServerSettings(_Strict):
     max_calls: int = Field(default=200, ge=1)
     max_loop_lag_ms: float | None = Field(default=150.0, gt=0)
     max_cpu_percent: float | None = Field(default=None, gt=0)
+    # Draining (SIGTERM, or POST /admin/drain on the control API) lets live calls run on this
+    # long before each hears its agent's `drain_goodbye` and is ended. Ten minutes covers all
+    # but the longest calls, and is what rolling deploys elsewhere allow a host to empty.
+    drain_deadline_s: float = Field(default=600.0, ge=0)
+    # "HOST:PORT" where HAProxy's agent-check reads this host's weight (or "drain");
+    # off when unset (voice_agent/server/agent_check.py).
+    agent_check_listen: str | None = None
 
 
 DigestAlgorithm = Literal["MD5", "SHA-256"]

@@ -34,9 +34,9 @@ class SippResult:
         return self.returncode == 0
 
 
-def free_udp_port() -> int:
+def free_udp_port(address: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -59,13 +59,16 @@ async def run_sipp(
     scenario_file: Path | None = None,
     extra: list[str] | None = None,
     timeout_s: float = 60.0,
+    calls: int = 1,
+    address: str = "127.0.0.1",
 ) -> SippResult:
-    """One call from sipp to `target` (HOST:PORT), from `folder` (where its logs go)."""
+    """`calls` calls (one by default) from sipp on `address` to `target` (HOST:PORT), from
+    `folder` (where its logs go)."""
     assert SIPP is not None, "sipp is missing: scripts/test installs sip-tester"
     which = ["-sn", stock] if stock else ["-sf", str(scenario_file)]
     command = [
-        SIPP, target, *which, "-m", "1", "-i", "127.0.0.1", "-p", str(free_udp_port()),
-        "-mp", str(free_udp_port() & ~1), "-timeout", f"{int(timeout_s)}s", "-timeout_error",
+        SIPP, target, *which, "-m", str(calls), "-i", address, "-p", str(free_udp_port(address)),
+        "-mp", str(free_udp_port(address) & ~1), "-timeout", f"{int(timeout_s)}s", "-timeout_error",
         "-trace_msg", "-message_file", str(folder / "messages.log"), "-nostdin",
         *(extra or []),
     ]  # fmt: skip

@@ -599,6 +599,22 @@ class CallCore:
         self._replies.pop(reply_id, None)
         self.playback.forget(reply_id)
 
+    def preempt(self, now_ms: float) -> list[Action]:
+        """The server takes the floor to end the call (a drain's deadline): the agent stops
+        as at a barge-in, what the caller heard of it is committed, and nothing resumes."""
+        actions: list[Action] = []
+        if self.agent_busy:
+            actions.append(_CANCEL)
+            self.agent_busy = False
+        if self.playback.playing:
+            actions.append(_CLEAR)
+        self._interruption = None
+        self._streaming = None
+        self._no_input_deadline = None
+        cut = self.playback.cut(now_ms)
+        actions.extend(self._commit_cut(cut.heard))
+        return actions
+
     def hang_up(self, now_ms: float) -> list[Action]:
         """The caller is gone: what had played by now is what was heard."""
         actions: list[Action] = []

@@ -11,6 +11,7 @@ server/audiosocket.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import json
 import logging
@@ -49,7 +50,7 @@ from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.secrets import DATA_DIR_ENV
 from voice_agent.runtime.session import CallSession
-from voice_agent.server import carriers
+from voice_agent.server import carriers, drain
 from voice_agent.server.admission import (
     RETRY_AFTER_S,
     TRY_AGAIN_LATER,
@@ -57,6 +58,7 @@ from voice_agent.server.admission import (
     CpuSampler,
     RefusalReport,
 )
+from voice_agent.server.agent_check import AgentCheck, Load, WorkerReport, weight_percent
 from voice_agent.server.asterisk_ws import asterisk_endpoint
 from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
@@ -88,6 +90,7 @@ from voice_agent.server.telnyx_rest import TelnyxPlacer
 from voice_agent.server.twilio_rest import TwilioPlacer, TwilioRest
 from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
+from voice_agent.server.workers import SUPERVISOR_PID_ENV
 from voice_agent.store import CallStore as DurableStore
 from voice_agent.store import open_store, outcome_for
 from voice_agent.transports import asterisk_ws, native, twilio
@@ -317,11 +320,30 @@ class VoiceServer:
                 rate_limits=rates,
                 default_via=self._default_via,
                 on_callback=self.dialer.callback,
+                drain=self._drain_from_api,
+                # A draining or full worker places no call (503).
+                busy=lambda: self.refuse_call("POST /calls"),
             )
             if server_settings.control_listen
             else None
         )
+        self.drain_state = drain.Drain(server_settings.drain_deadline_s)
+        self.drained = asyncio.Event()  # set once a drain has ended the last call
+        self._calls_changed = asyncio.Event()
+        self._drainer: asyncio.Task[None] | None = None
         self.data_dir = data_dir_of(registry)
+        check_listen = server_settings.agent_check_listen
+        # With --workers, worker 0 answers the agent port for the host and every worker
+        # writes its load beside its metrics (server/agent_check.py).
+        self.agent_check = (
+            AgentCheck(
+                self._load_report,
+                listen=split_host_port(check_listen) if worker_id == 0 or not reuse_port else None,
+                shared_dir=self.data_dir / "metrics" / f"port-{port}" if reuse_port else None,
+            )
+            if check_listen
+            else None
+        )
         self.recording = registry.loaded.config.server.recording
         self._pruner: asyncio.Task[None] | None = None
         self.metrics = ServerMetrics(worker=worker_id)
@@ -579,6 +601,7 @@ class VoiceServer:
         call_id = pipeline.session.call_id
         self.pipelines.pop(call_id, None)
         self.dialer.ended(call_id)
+        self._calls_changed.set()
         self.live.ended(call_id, reason)
         self.metrics.call_ended(pipeline.record.transport, outcome_for(reason))
         self.store.call_ended(
@@ -671,6 +694,10 @@ class VoiceServer:
         """Admission for a call arriving on `where`: why it is refused, or None to take it."""
         if self._closing:
             return "the server is shutting down"
+        if self.drain_state.draining:
+            self.refused_calls += 1
+            self.metrics.admission_refused("draining")
+            return drain.REFUSAL
         refusal = self.admission.decide(
             live_calls=max(self.live.live_count(), self._call_connections),
             loop_lag_ms=self.loop_lag_ms,
@@ -720,12 +747,16 @@ class VoiceServer:
             plivo = self.carrier_apis.plivo
             return dial_response(request.path, plivo.dial_key if plivo is not None else None)
         if path == "/healthz":
+            # 503 while draining: a balancer's health check (HAProxy's httpchk) takes the
+            # host out of rotation; the body says why, and how long the live calls have left.
+            draining = self.drain_state.status(time.monotonic(), self.live.live_count())
             return _json(
-                http.HTTPStatus.OK,
+                http.HTTPStatus.SERVICE_UNAVAILABLE
+                if self.drain_state.draining
+                else http.HTTPStatus.OK,
                 {
-                    "status": "ok",
+                    **draining,
                     "version": __version__,
-                    "live_calls": self.live.live_count(),
                     "webrtc_peers": len(self.rtc.peers),
                     "worker": self.worker_id,
                     "pid": os.getpid(),
@@ -783,6 +814,7 @@ class VoiceServer:
                 await native_endpoint(cast(MediaConnection, ws), self.start_call)
         finally:
             self._call_connections -= 1
+            self._calls_changed.set()
 
     async def start(self) -> None:
         for agent in self.registry.agents.values():
@@ -829,9 +861,12 @@ class VoiceServer:
             await self.audiosocket.start()
         control = self.registry.loaded.config.server.control_listen
         if self.control is not None and control:
-            await self.control.start(*split_host_port(control))
+            # With --workers every worker binds it; the kernel hands a request to any one.
+            await self.control.start(*split_host_port(control), reuse_port=self.reuse_port)
         if self.shared_metrics is not None:
             self.shared_metrics.start()
+        if self.agent_check is not None:
+            await self.agent_check.start()
 
     @property
     def url(self) -> str:
@@ -840,6 +875,10 @@ class VoiceServer:
     async def shutdown(self, deadline_s: float = 10.0) -> None:
         """Stop accepting calls, let live ones finish until the deadline, then end them."""
         self._closing = True
+        if self._drainer is not None:
+            self._drainer.cancel()
+        if self.agent_check is not None:
+            await self.agent_check.stop()
         await self.lag.stop()
         if self.shared_metrics is not None:
             await self.shared_metrics.stop()
@@ -871,10 +910,113 @@ class VoiceServer:
     async def serve_until_signal(
         self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)
     ) -> None:
-        stop = asyncio.Event()
+        """Serve until a drain (a signal, or POST /admin/drain) has ended the last call.
+
+        The first signal drains; a second one brings the deadline to now (the operator will
+        not wait): the live calls hear their goodbye and end."""
         loop = asyncio.get_running_loop()
+        seen = 0
+
+        def on_signal(signum: int) -> None:
+            nonlocal seen
+            seen += 1
+            name = signal.Signals(signum).name
+            if seen == 1:
+                self.start_drain(name)
+            else:
+                log.warning("%s again: ending the %d live call(s) now", name, len(self.pipelines))
+                self.hurry_drain()
+
         for sig in signals:
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("shutting down: waiting for %d live call(s)", len(self.pipelines))
-        await self.shutdown()
+            loop.add_signal_handler(sig, on_signal, sig)
+        await self.drained.wait()
+        await self.shutdown(0)
+
+    # ---- draining (server/drain.py) ------------------------------------------------------
+
+    @property
+    def live_call_count(self) -> int:
+        # Calls still being set up count too, as they do for admission.
+        return max(self.live.live_count(), self._call_connections)
+
+    def _load_report(self) -> WorkerReport:
+        settings = self.registry.loaded.config.server
+        live = self.live_call_count
+        load = Load(
+            live_calls=live,
+            max_calls=settings.max_calls,
+            loop_lag_ms=self.loop_lag_ms,
+            max_loop_lag_ms=settings.max_loop_lag_ms,
+            cpu_percent=self.cpu.sample(),
+            max_cpu_percent=settings.max_cpu_percent,
+        )
+        return WorkerReport(self.worker_id, weight_percent(load), self.drain_state.draining, live)
+
+    def start_drain(self, why: str) -> dict[str, Any]:
+        """Refuse new calls, let live ones run until `server.drain_deadline_s`, then end them
+        with their agent's goodbye; `drained` is set when the last has ended. Asking again
+        changes nothing. The drain's status, for the caller to show."""
+        now = time.monotonic()
+        if self.drain_state.start(now, why):
+            log.warning(
+                "draining (%s): refusing new calls; %d live call(s) may run %.0f s more",
+                why,
+                self.live_call_count,
+                self.drain_state.deadline_s,
+            )
+            if self.sip is not None:
+                self.sip.drain()
+            self._drainer = asyncio.ensure_future(self._drain_calls())
+        return self.drain_state.status(now, self.live_call_count)
+
+    def hurry_drain(self) -> None:
+        """The drain's deadline is now: the live calls hear their goodbye and end."""
+        self.start_drain("told to stop at once")
+        self.drain_state.hurry(time.monotonic())
+        self._calls_changed.set()
+
+    def _drain_from_api(self) -> dict[str, Any]:
+        status = self.start_drain("POST /admin/drain")
+        supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+        if supervisor and self.reuse_port:
+            # The workers share the port: the host drains as a whole, or the kernel would
+            # keep handing this worker calls it refuses. The supervisor passes SIGTERM on
+            # to every worker (this one is draining already: it changes nothing here).
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(supervisor), signal.SIGTERM)
+        return status
+
+    def _calls_live(self) -> bool:
+        return bool(self.pipelines) or self._call_connections > 0
+
+    async def _drain_calls(self) -> None:
+        while self._calls_live():
+            left = self.drain_state.time_left_s(time.monotonic())
+            if not left:
+                break
+            self._calls_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._calls_changed.wait(), left)
+        pipelines = list(self.pipelines.values())
+        if pipelines:
+            log.warning("drain deadline: ending %d live call(s)", len(pipelines))
+            for pipeline in pipelines:
+                pipeline.end_with_goodbye(pipeline.session.agent.config.drain_goodbye, drain.REASON)
+            waiters = [asyncio.ensure_future(p.finished.wait()) for p in pipelines]
+            _, pending = await asyncio.wait(waiters, timeout=drain.GOODBYE_GRACE_S)
+            for waiter in pending:
+                waiter.cancel()
+            for pipeline in list(self.pipelines.values()):
+                pipeline.out.close(1001, drain.REASON)
+                await pipeline.hang_up(drain.REASON)
+        check = self.agent_check
+        if check is not None and check.answers_for_others:
+            # Worker 0 answers the agent port for the host: it stays (answering "drain")
+            # while other workers still have calls, at most until they must have ended.
+            ends_at = time.monotonic() + (self.drain_state.time_left_s(time.monotonic()) or 0)
+            limit = ends_at + drain.GOODBYE_GRACE_S
+            # Polled: their state is in files, rewritten every second; no event says so.
+            while check.others_busy() and time.monotonic() < limit:  # noqa: ASYNC110
+                await asyncio.sleep(1)
+        log.info("drained: no call left")
+        self.drained.set()

@@ -17,13 +17,21 @@ on this port (GET or POST): the key in the URL, random per call, is their creden
 each carrier's own signature where it signs), so only `/callbacks/` need be reachable from the
 carriers (`server.control_public_url`).
 
+    POST /admin/drain  Authorization: Bearer <API token>
+    -> 202 {"status": "draining", "phase": "draining", "live_calls": 3, "deadline_in_s": 600, ...}
+
+drains the server (voice_agent/server/drain.py, as SIGTERM does): new calls are refused, live
+ones run until `server.drain_deadline_s`, and the process exits after its last call. Asking
+again changes nothing and answers the same way.
+
 The call's record (`GET /calls/<call_id>` on the main port) has the agent's conversation once
 the callee answers; a call never answered ends `busy`, `no_answer` or `failed` with what the
 far end said. Refusals: 401 without a valid token (an open dialer is toll fraud: this API
 takes no call without `server.api_tokens`), 400 for a body that is not the object above (the
 key is named), 404 for an unknown agent, 409 when there is no way out (no `sip.trunk`, or the
 carrier `via` names is not configured: the missing key is named), 429 past the way out's
-`calls_per_minute` (with Retry-After).
+`calls_per_minute` (with Retry-After), 503 while the worker drains or is at its admission
+limits (with Retry-After).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ VIAS = ("sip", *CARRIER_VIAS)
 log = logging.getLogger("voice_agent.server")
 
 MAX_BODY_BYTES = 16 * 1024
+BUSY_RETRY_AFTER_S = 5  # a draining or full worker: another host, or this one soon
 MAX_ARGS = 32
 WINDOW_S = 60.0
 
@@ -133,12 +142,16 @@ class ControlApi:
         rate_limits: Mapping[str, RateLimit],
         default_via: Callable[[], str | None],
         on_callback: OnCallback | None = None,
+        drain: Callable[[], dict[str, Any]] | None = None,
+        busy: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._tokens = [t.encode() for t in tokens]
         self._place = place
         self._rates = dict(rate_limits)
         self._default_via = default_via
         self._on_callback = on_callback
+        self._drain = drain
+        self._busy = busy  # why no call can be placed now (draining, full), or None
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -147,17 +160,18 @@ class ControlApi:
         app.router.add_post("/calls", self._calls)
         app.router.add_route("GET", CALLBACK_PREFIX + "{call_id}", self._callback)
         app.router.add_route("POST", CALLBACK_PREFIX + "{call_id}", self._callback)
+        app.router.add_post("/admin/drain", self._admin_drain)
         return app
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, reuse_port=reuse_port or None)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else port
-        log.info("control API on http %s:%d (POST /calls)", host, self.port)
+        log.info("control API on http %s:%d (POST /calls, POST /admin/drain)", host, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -171,11 +185,25 @@ class ControlApi:
         presented = token.strip().encode()
         return any(hmac.compare_digest(presented, known) for known in self._tokens)
 
+    async def _admin_drain(self, request: web.Request) -> web.Response:
+        if not self._tokens:
+            return _error(401, "draining needs server.api_tokens: none is configured")
+        if not self._authorized(request):
+            return _error(401, "a valid API token is required (Authorization: Bearer ...)")
+        if self._drain is None:
+            return _error(409, "this server cannot drain")
+        return web.json_response(self._drain(), status=202)
+
     async def _calls(self, request: web.Request) -> web.Response:
         if not self._tokens:
             return _error(401, "placing calls needs server.api_tokens: none is configured")
         if not self._authorized(request):
             return _error(401, "a valid API token is required (Authorization: Bearer ...)")
+        refusal = self._busy()
+        if refusal is not None:
+            response = _error(503, refusal)
+            response.headers["Retry-After"] = str(BUSY_RETRY_AFTER_S)
+            return response
         try:
             call = parse_call_request(await request.read())
         except BadRequest as exc:
@@ -198,6 +226,7 @@ class ControlApi:
             call_id = await self._place(CallRequest(call.to, call.agent, call.args, via))
         except NoWayOut as exc:
             return _error(409, str(exc))
+
         except LookupError as exc:
             return _error(404, str(exc.args[0]) if exc.args else "no such agent")
         return web.json_response(

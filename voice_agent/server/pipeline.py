@@ -201,6 +201,9 @@ class CallPipeline:
         self._timer_at: float | None = None
         self._pending_events: list[tuple[str, dict[str, Any]]] = []
         self._ending: str | None = None
+        self._close_code = 1000  # normal closure; 1001 (going away) when the server ends it
+        self._last_words: str | None = None  # the reason, once the server is ending the call
+        self._hanging_up = False
         self._transfer: CallTransfer | None = None  # once the agent's last line has played
         # The detector runs at the VAD's rate; its tone filters take 8 and 16 kHz.
         self._machine: VoicemailDetector | None = None
@@ -398,10 +401,16 @@ class CallPipeline:
                     self._spawn(self._finish_stt(stream))
             elif isinstance(action, core.StartUserTurn):
                 self.out.event({"type": "transcript", "text": action.text, "final": True})
-                self._run_turn(self.session.user_turn(action.text))
+                if self._last_words is not None:
+                    self._end_now(self._last_words)  # the call is over: no new turn
+                else:
+                    self._run_turn(self.session.user_turn(action.text))
             elif isinstance(action, core.CancelAgentTurn):
                 self._cancel_turn()
                 prune = True
+                if self._last_words is not None:
+                    # The caller talked over the goodbye: they have heard what they will.
+                    self._end_now(self._last_words)
             elif isinstance(action, core.Synthesize):
                 self._synth_waiting.append((action.reply_id, action.text))
                 self._start_synthesis()
@@ -506,6 +515,8 @@ class CallPipeline:
 
     def _queue_event(self, name: str, data: dict[str, Any]) -> None:
         """Events wait for the agent's current turn: one turn runs at a time."""
+        if self._last_words is not None:
+            return  # the server is ending the call: no-input, keys and the like change nothing
         if self._turn is None or self._turn.done():
             self.core.agent_turn_started(self.now_ms())
             self._run_turn(self.session.event(name, **data))
@@ -542,7 +553,7 @@ class CallPipeline:
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
-        if (self._ending is None and self._transfer is None) or self.ended:
+        if (self._ending is None and self._transfer is None) or self.ended or self._hanging_up:
             return
         if self.core.playback.playing or self.core.agent_busy or self._synth_in_flight:
             return
@@ -553,7 +564,41 @@ class CallPipeline:
         assert self._ending is not None
         reason, self._ending = self._ending, None
         self.out.event({"type": "end", "reason": reason})
-        self.out.close(1000, reason)
+        self.out.close(self._close_code, reason)
+        self._spawn(self.hang_up(reason))
+
+    # ---- the server ending the call ------------------------------------------------------
+
+    def end_with_goodbye(self, text: str | None, reason: str) -> None:
+        """End the call for the server (a drain's deadline): what the agent was saying stops,
+        `text` plays, then the call ends with `reason`; without `text` it ends at once."""
+        if self.ended or self._last_words is not None:
+            return
+        self._stop_hold()
+        self._pending_events.clear()
+        self._transfer = None
+        self._apply(self.core.preempt(self.now_ms()))
+        self._last_words = reason
+        self._close_code = 1001
+        self.session.audit.add("server_ending_call", reason=reason, goodbye=text or None)
+        if not text:
+            self._end_now(reason)
+            return
+        self.core.agent_turn_started(self.now_ms())
+        self._run_turn(self._goodbye(text, reason))
+
+    async def _goodbye(self, text: str, reason: str) -> AsyncIterator[AgentEvent]:
+        async for event in self.session.say(text):
+            yield event
+        yield CallEnd(reason)
+
+    def _end_now(self, reason: str) -> None:
+        if self.ended or self._hanging_up:
+            return
+        self._hanging_up = True  # once: a barge-in and its transcript both come here
+        self._ending = None
+        self.out.event({"type": "end", "reason": reason})
+        self.out.close(self._close_code, reason)
         self._spawn(self.hang_up(reason))
 
     # ---- hold audio (server/hold.py) ------------------------------------------------------

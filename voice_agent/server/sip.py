@@ -375,6 +375,11 @@ class SipGateway:
             )
         log.info("SIP on udp %s:%d (contact %s)", self.host, self.port, self.public)
 
+    def drain(self) -> None:
+        """New INVITEs and OPTIONS get 503 from now on; the calls in progress go on."""
+        if self.uas is not None:
+            self.uas.draining = True
+
     async def stop(self, reason: str = "server shutting down") -> None:
         for call_id in list(self.calls):
             self.hang_up(call_id, reason)

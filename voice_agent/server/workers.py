@@ -7,7 +7,8 @@ interrupted. A worker whose first start ends before it serves (a bad config, a p
 another program) stops them all, as restarting could not help; nor could it for a worker that
 dies within `QUICK_EXIT_S` of each start `MAX_QUICK_EXITS` times in a row. A worker says it
 serves by writing to the pipe named in `READY_FD_ENV` (`mark_ready`). SIGTERM and SIGINT go to
-every worker, which drain their calls and exit.
+every worker, which drain their calls and exit (a second signal ends the calls left at once);
+a worker asked to drain on the control API signals the supervisor, so the host drains whole.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ MAX_QUICK_EXITS = 3
 RESTART_DELAY_S = 1.0  # a worker dying in a loop must not spin the machine
 POLL_S = 0.2  # how soon a dead worker is noticed; nothing here is latency-critical
 READY_FD_ENV = "VOICE_AGENT_READY_FD"
+# The supervisor's pid, for a worker asked to drain (POST /admin/drain) to drain the host.
+SUPERVISOR_PID_ENV = "VOICE_AGENT_SUPERVISOR_PID"
 
 
 def mark_ready() -> None:
@@ -74,7 +77,7 @@ def supervise(command: Sequence[str], count: int, env: Mapping[str, str]) -> int
         try:
             process = subprocess.Popen(
                 [*command, "--worker-id", str(index)],
-                env={**env, READY_FD_ENV: str(theirs)},
+                env={**env, READY_FD_ENV: str(theirs), SUPERVISOR_PID_ENV: str(os.getpid())},
                 pass_fds=(theirs,),
             )
         except BaseException:

@@ -13,8 +13,8 @@ What is answered how:
   doubling to T2, until the ACK; no ACK in 32 s ends the call with a BYE, section 13.3.1.4).
   Without an SDP offer the 200 carries the offer and the ACK the answer (delayed offer).
   488 when no codec matches, 415 for a body that is not SDP, 420 for a Require we lack, 482 for
-  a second INVITE of a Call-ID, 503 past `max_calls`. Retransmitted INVITEs get the last
-  response again.
+  a second INVITE of a Call-ID, 503 past `max_calls` or while draining. Retransmitted INVITEs
+  get the last response again.
 - Refusals before a call exists (400, 401, 403, 415, 420, 481, 482, 488, 503, 405, 501) are
   stateless (section 8.2.7), with a To tag derived from the request so a retransmission gets
   the same one. The INVITE a call was refused after is kept for 32 s to absorb retransmissions.
@@ -25,7 +25,8 @@ What is answered how:
   section 15), retransmitted until answered or 32 s.
 - re-INVITE: the new offer answered (hold: sendonly or inactive, or c=0.0.0.0; resume), or
   488 with the session unchanged; an older CSeq gets 500 (section 12.2.2).
-- INFO with application/dtmf-relay or application/dtmf: a digit. OPTIONS: 200 with Allow.
+- INFO with application/dtmf-relay or application/dtmf: a digit. OPTIONS: 200 with Allow,
+  503 while draining (a proxy's probe then stops sending calls here).
 - `transfer` sends a REFER in the dialog (RFC 3515; the transferor's side of RFC 5589's basic
   transfer): its 2xx is `TransferAccepted`, a failure or no answer in 32 s `TransferFailed`.
   The NOTIFYs of the implied subscription get 200 and report the sipfrag's status
@@ -72,6 +73,8 @@ from voice_agent.sip.transaction import (
     with_received,
 )
 
+# Long enough that a client does not come straight back to a server that is emptying.
+DRAIN_RETRY_AFTER_S = 60
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY"
 # Methods of SIP's extensions a server may be sent and does not take here (405, with Allow).
 KNOWN_METHODS = {
@@ -233,6 +236,10 @@ class UserAgentServer:
     settings: UasSettings
     make_id: Callable[[], str] = field(default=lambda: secrets.token_hex(8))
     calls: dict[str, _Call] = field(default_factory=dict)
+    # A draining server (voice_agent.server.drain) answers new INVITEs and OPTIONS with 503:
+    # a proxy's OPTIONS probe (Kamailio's dispatcher) then takes this host out of rotation,
+    # while the calls in progress go on.
+    draining: bool = False
 
     def __post_init__(self) -> None:
         self.responses = ResponseCache()
@@ -335,6 +342,15 @@ class UserAgentServer:
             return self._cancel(message, key, source, now_ms)
         if method in ("BYE", "INFO", "NOTIFY"):
             return self._in_dialog(message, key, source, now_ms)
+        if method == "OPTIONS" and self.draining:
+            return self._reply(
+                message,
+                source,
+                503,
+                key=key,
+                now_ms=now_ms,
+                headers=[("Retry-After", str(DRAIN_RETRY_AFTER_S)), ("Allow", ALLOW)],
+            )
         if method == "OPTIONS":
             return self._reply(
                 message,
@@ -456,6 +472,14 @@ class UserAgentServer:
             return self._refuse(invite, source, 403, f"source {host} is not allowed")
         if self.failures.blocked(host, now_ms):
             return [Refused(source, None, f"{host} failed authentication too often")]
+        if self.draining:
+            return self._refuse(
+                invite,
+                source,
+                503,
+                "draining: call another server",
+                headers=[("Retry-After", str(DRAIN_RETRY_AFTER_S))],
+            )
         username = None
         authenticator = self.settings.authenticator
         if authenticator is not None:

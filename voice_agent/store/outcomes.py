@@ -27,6 +27,7 @@ reason                                             outcome           where it co
 "call failed: ..."                                 failed            a bad number, refused, a
                                                                      carrier's API refusing, ...
 "server shutting down"                             interrupted       VoiceServer.shutdown()
+"interrupted: server draining"                     interrupted       a drain's deadline (drain.py)
 "interrupted..."                                   interrupted       the store: its writer died
 anything else                                      error             a reason no rule knows yet
 =================================================  ================  ==============================
