@@ -1,10 +1,19 @@
-"""Table bookings kept in SQLite under the data directory, shared by the booking agents."""
+"""Table bookings, shared by the booking agents: in SQLite under the data directory, or, for
+several hosts, in PostgreSQL (`VOICE_AGENT_BOOKINGS_URL=postgresql://...`, with `psycopg`
+installed: `pip install "psycopg[binary]"`), so that a booking made through one host is found
+by a call to another.
+
+The functions that use it are synchronous, so the runtime calls them in its executor, off the
+event loop: a blocking database call here delays no other call. Every statement is written once,
+in SQL both databases take (an upsert with ON CONFLICT, `%(name)s` parameters turned into
+SQLite's `:name`)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -25,18 +34,44 @@ CREATE TABLE IF NOT EXISTS bookings (
 """
 
 
+BOOKINGS_URL_ENV = "VOICE_AGENT_BOOKINGS_URL"
+_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+class _Database:
+    """One transaction's connection, SQLite's or PostgreSQL's, behind one `execute`."""
+
+    def __init__(self, connection: Any, postgres: bool) -> None:
+        self.connection = connection
+        self.postgres = postgres
+
+    def execute(self, sql: str, params: dict[str, Any]) -> Any:
+        if not self.postgres:
+            sql = _PARAMETER.sub(r":\1", sql)
+        return self.connection.execute(sql, params)
+
+
 @contextmanager
-def _connect() -> Iterator[sqlite3.Connection]:
+def _connect() -> Iterator[_Database]:
     """One transaction on the bookings database, committed on success, and the connection
     closed at once: `with sqlite3.connect(...)` alone commits but leaves the connection (and
     its file descriptor) open until the garbage collector finds it."""
+    url = os.environ.get(BOOKINGS_URL_ENV, "")
+    if url.startswith(("postgresql://", "postgres://")):
+        import psycopg  # only the deployments on several hosts need it
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(url, row_factory=dict_row, connect_timeout=5) as connection:
+            connection.execute(_SCHEMA)
+            yield _Database(connection, postgres=True)
+        return
     data_dir = Path(os.environ.get("VOICE_AGENT_DATA_DIR", "data"))
     data_dir.mkdir(parents=True, exist_ok=True)
     with closing(sqlite3.connect(data_dir / "bookings.sqlite3", timeout=5)) as connection:
         connection.row_factory = sqlite3.Row
         with connection:
             connection.execute(_SCHEMA)
-            yield connection
+            yield _Database(connection, postgres=False)
 
 
 def confirmation_code(key: str, phone: str, at: str, party_size: int) -> str:
@@ -67,31 +102,35 @@ def book(key: str, party_size: int, when: str, name: str, phone: str, seating: s
 
 
 def save(row: dict[str, Any]) -> None:
-    with _connect() as connection:
-        connection.execute(
-            "INSERT OR REPLACE INTO bookings (code, phone, name, party_size, at, seating)"
-            " VALUES (:code, :phone, :name, :party_size, :at, :seating)",
+    with _connect() as db:
+        db.execute(
+            "INSERT INTO bookings (code, phone, name, party_size, at, seating)"
+            " VALUES (%(code)s, %(phone)s, %(name)s, %(party_size)s, %(at)s, %(seating)s)"
+            " ON CONFLICT (code) DO UPDATE SET phone = excluded.phone, name = excluded.name,"
+            " party_size = excluded.party_size, at = excluded.at, seating = excluded.seating,"
+            " cancelled = 0",
             row,
         )
 
 
 def find_by_phone(phone: str) -> dict[str, Any] | None:
-    with _connect() as connection:
-        row = connection.execute(
-            "SELECT * FROM bookings WHERE phone = ? AND cancelled = 0 ORDER BY at DESC LIMIT 1",
-            (phone,),
+    with _connect() as db:
+        row = db.execute(
+            "SELECT * FROM bookings WHERE phone = %(phone)s AND cancelled = 0"
+            " ORDER BY at DESC LIMIT 1",
+            {"phone": phone},
         ).fetchone()
     return dict(row) if row else None
 
 
 def update(code: str, **changes: Any) -> None:
-    assignments = ", ".join(f"{column} = :{column}" for column in changes)
-    with _connect() as connection:
-        connection.execute(
-            f"UPDATE bookings SET {assignments} WHERE code = :code", {**changes, "code": code}
+    assignments = ", ".join(f"{column} = %({column})s" for column in changes)
+    with _connect() as db:
+        db.execute(
+            f"UPDATE bookings SET {assignments} WHERE code = %(code)s", {**changes, "code": code}
         )
 
 
 def cancel(code: str) -> None:
-    with _connect() as connection:
-        connection.execute("UPDATE bookings SET cancelled = 1 WHERE code = ?", (code,))
+    with _connect() as db:
+        db.execute("UPDATE bookings SET cancelled = 1 WHERE code = %(code)s", {"code": code})
