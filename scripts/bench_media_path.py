@@ -16,6 +16,11 @@
 3. floor: the same callers against a WebSocket server that only `json.loads` each message
    (same `websockets` settings, uvloop). Whole server minus floor is what the server adds to
    the cost of receiving one `websockets` message per frame.
+
+`--only socket`: the media socket alone, in-process. `--calls` connections opened over
+loopback, then each fed Twilio media frames straight into `MediaConnection.data_received`, one
+frame per read as the kernel hands them over, round-robin, into a call that drops them; beside
+it, `websockets`' own sans-I/O parser on the same frames.
 """
 
 from __future__ import annotations
@@ -40,7 +45,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+from websockets.server import ServerProtocol
 
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent
@@ -52,6 +62,7 @@ from voice_agent.callers import TwilioClient  # noqa: E402
 from voice_agent.engines.stt import SttStream, Transcript  # noqa: E402
 from voice_agent.runtime.registry import AgentRegistry  # noqa: E402
 from voice_agent.server.app import VoiceServer  # noqa: E402
+from voice_agent.server.media_socket import MediaConnection, Message  # noqa: E402
 from voice_agent.server.pipeline import STT_RATE, CallPipeline  # noqa: E402
 from voice_agent.transports import native, twilio  # noqa: E402
 
@@ -325,6 +336,83 @@ async def in_process(frames: int, repeats: int) -> None:
     print("   STT's own work, pocketsphinx decoding, is in none of these figures)")
 
 
+# ---- in-process: the media socket ------------------------------------------------------------
+
+
+def _dropped(message: Message) -> None:
+    pass
+
+
+async def socket_reading(frames: int, repeats: int, calls: int) -> None:
+    opened: list[MediaConnection] = []
+    all_open = asyncio.Event()
+
+    def hold(connection: ServerConnection, request: Request) -> Response | None:
+        assert isinstance(connection, MediaConnection)
+        connection.hold_messages(MAX_SIZE)
+        return None
+
+    async def handler(ws: ServerConnection) -> None:
+        assert isinstance(ws, MediaConnection)
+        ws.deliver_to(_dropped)
+        opened.append(ws)
+        if len(opened) == calls:
+            all_open.set()
+        await ws.wait_closed()
+
+    messages = TwilioMessages("CAbenchsocket")
+    wire = [  # a pool of distinct frames (their own mask keys), reused
+        Frame(Opcode.TEXT, messages.media(MULAW_SILENCE).encode()).serialize(mask=True)
+        for _ in range(2000)
+    ]
+
+    def media_socket() -> None:
+        order = [(opened[i % calls].data_received, wire[i % len(wire)]) for i in range(frames)]
+        cpu = time.process_time_ns()  # the order of reads is built outside the timed part
+        for receive, data in order:
+            receive(data)
+        timings.append(time.process_time_ns() - cpu)
+
+    def websockets_parser() -> None:
+        parsers = [ServerProtocol(max_size=MAX_SIZE, state=State.OPEN) for _ in range(calls)]
+        order = [(parsers[i % calls], wire[i % len(wire)]) for i in range(frames)]
+        cpu = time.process_time_ns()
+        for parser, data in order:
+            parser.receive_data(data)
+            parser.events_received()
+        timings.append(time.process_time_ns() - cpu)
+
+    async with serve(
+        handler,
+        "127.0.0.1",
+        0,
+        process_request=hold,
+        create_connection=MediaConnection,
+        max_size=MAX_SIZE,
+        compression=None,
+        ping_interval=None,
+    ) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        url = f"ws://127.0.0.1:{port}/twilio"
+        clients = [await connect(url, ping_interval=None) for _ in range(calls)]
+        await asyncio.wait_for(all_open.wait(), 30)
+        timings: list[int] = []
+        for _ in range(repeats):
+            media_socket()
+        ours = statistics.median(timings) / frames / 1000
+        timings.clear()
+        for _ in range(repeats):
+            websockets_parser()
+        theirs = statistics.median(timings) / frames / 1000
+        for client in clients:
+            await client.close()
+    size = len(wire[0])
+    print(f"the media socket in-process, {calls} connections, {size}-byte Twilio media frames")
+    print(f"(CPU time, median of {repeats} x {frames} frames):")
+    print(f"  MediaConnection.data_received, one frame a read     {ours:6.2f} us")
+    print(f"  websockets' sans-I/O parser on the same frames      {theirs:6.2f} us")
+
+
 # ---- over sockets ----------------------------------------------------------------------------
 
 
@@ -506,7 +594,9 @@ async def floor_server(port: int) -> None:
 async def main(args: argparse.Namespace) -> None:
     if args.only in ("all", "in-process"):
         await in_process(args.frames, args.repeats)
-    if args.only != "in-process":
+    if args.only in ("all", "socket"):
+        await socket_reading(args.frames * 5, args.repeats, args.calls)
+    if args.only in ("all", "server", "floor"):
         await over_sockets(args.calls, args.seconds, args.only)
 
 
@@ -521,7 +611,9 @@ def run(coro: Any) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("all", "in-process", "server", "floor"), default="all")
+    parser.add_argument(
+        "--only", choices=("all", "in-process", "socket", "server", "floor"), default="all"
+    )
     parser.add_argument("--frames", type=int, default=20_000, help="in-process frames per run")
     parser.add_argument("--repeats", type=int, default=7, help="in-process runs (median)")
     parser.add_argument("--calls", type=int, default=100, help="callers for server and floor")

@@ -459,7 +459,7 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voic
 
 async def _hold_messages(connection: ServerConnection, request: Request) -> Response | None:
     # What app.py's process_request does for its call paths: Asterisk sends MEDIA_START at once.
-    cast(MediaConnection, connection).hold_messages()
+    cast(MediaConnection, connection).hold_messages(codec.WEBSOCKET_MAX_SIZE)
     return None
 
 

@@ -108,6 +108,14 @@ def _json(status: http.HTTPStatus, body: Any) -> Response:
 # The WebSocket paths that carry a call: admission applies, and messages are held until the
 # endpoint takes them (see media_socket).
 CALL_PATHS = frozenset({"/twilio", "/ws", "/rtc", "/asterisk", *CARRIERS})
+# The largest WebSocket message any endpoint takes: `websockets`' limit, and the media
+# sockets' own once they read the call's frames themselves.
+WEBSOCKET_MAX_SIZE = max(
+    twilio.WEBSOCKET_MAX_SIZE,
+    native.WEBSOCKET_MAX_SIZE,
+    asterisk_ws.WEBSOCKET_MAX_SIZE,
+    carriers.WEBSOCKET_MAX_SIZE,
+)
 
 
 def _select_subprotocol(connection: ServerConnection, offered: Sequence[Subprotocol]) -> Any:
@@ -741,7 +749,7 @@ class VoiceServer:
                 # The handshake completes so the caller gets a WebSocket close code it knows.
                 self._refusals[connection] = refused
             elif path != "/rtc" and isinstance(connection, MediaConnection):
-                connection.hold_messages()
+                connection.hold_messages(WEBSOCKET_MAX_SIZE)
             return None  # the WebSocket handshake goes on
         if path == PLIVO_DIAL_PATH:
             plivo = self.carrier_apis.plivo
@@ -841,12 +849,7 @@ class VoiceServer:
             self.host,
             self.port,
             process_request=self.process_request,
-            max_size=max(
-                twilio.WEBSOCKET_MAX_SIZE,
-                native.WEBSOCKET_MAX_SIZE,
-                asterisk_ws.WEBSOCKET_MAX_SIZE,
-                carriers.WEBSOCKET_MAX_SIZE,
-            ),
+            max_size=WEBSOCKET_MAX_SIZE,
             select_subprotocol=_select_subprotocol,
             compression=None,
             create_connection=MediaConnection,

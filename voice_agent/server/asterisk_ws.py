@@ -450,9 +450,9 @@ async def asterisk_endpoint(
     """One chan_websocket connection, until the call ends.
 
     `ws` must be a MediaConnection (`serve(..., create_connection=MediaConnection)`) whose
-    `process_request` called `hold_messages()`: Asterisk sends MEDIA_START at once. `admit`,
-    when given, is asked at MEDIA_START (with PATH) whether to take the call; a refusal sends
-    HANGUP and closes with 1013 (try again later).
+    `process_request` called `hold_messages(max_message_bytes)`: Asterisk sends MEDIA_START at
+    once. `admit`, when given, is asked at MEDIA_START (with PATH) whether to take the call; a
+    refusal sends HANGUP and closes with 1013 (try again later).
     """
     if not isinstance(ws, MediaConnection):
         raise TypeError(

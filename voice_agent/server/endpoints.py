@@ -38,7 +38,6 @@ MAX_UNSENT_BYTES = 2 * 1024 * 1024
 # second instead of per 20 ms frame sends 25 times fewer messages for the same audio.
 TWILIO_OUTBOUND_BYTES = 4000  # 500 ms of 8 kHz mu-law
 INTERNAL_ERROR = 1011
-_CLEAN = {1000, 1001}  # normal closure, going away
 
 StartCall = Callable[..., Awaitable[CallPipeline]]
 # A carrier's call id names the call's files (recordings) and its /calls URL: Twilio's CallSid,
@@ -178,10 +177,7 @@ class _SocketCall:
         # TCP connection dropped, an error code) is a lost connection.
         if self.outbound is not None and self.outbound.overflowed:
             return self.outbound.overflowed
-        received, sent = self.ws.protocol.close_rcvd, self.ws.protocol.close_sent
-        if received is not None and sent is not None and {received.code, sent.code} <= _CLEAN:
-            return "caller hung up"
-        return "connection lost"
+        return "caller hung up" if self.ws.closed_cleanly() else "connection lost"
 
     def end(self, reason: str) -> None:
         if not self._ended.done():
