@@ -80,6 +80,7 @@ class Host:
         self.sip_port = SIP_PORT if namespace is not None else free_udp_port()
         if sip:
             command += ["--sip", f"{address}:{self.sip_port}"]
+        self.workers = workers
         if workers > 1:
             command += ["--workers", str(workers)]
         env = {
@@ -107,14 +108,23 @@ class Host:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
 
+    def serving_workers(self) -> int:
+        """How many worker starts the log shows (each prints its banner once it serves)."""
+        return self.log_path.read_text(errors="replace").count(" serving agent ")
+
     async def wait_ready(self, timeout_s: float = 60) -> None:
+        """Until every worker serves: one answering /healthz is not enough, the agent port is
+        worker 0's and the kernel hands calls to any of them."""
         async with httpx.AsyncClient() as http:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
                     raise AssertionError(f"{self.name} exited before serving:\n{self.log()}")
                 try:
-                    if (await http.get(f"{self.http}/healthz")).status_code == 200:
+                    if (
+                        self.serving_workers() >= self.workers
+                        and (await http.get(f"{self.http}/healthz")).status_code == 200
+                    ):
                         return
                 except httpx.TransportError:
                     pass
