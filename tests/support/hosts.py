@@ -269,6 +269,18 @@ class HAProxy:
     def url(self, path: str) -> str:
         return f"ws://{self.address}:{self.port}{path}"
 
+    def command(self, line: str) -> str:
+        """One command on the stats socket (`set server ...`, `disable health ...`); its
+        answer, empty when it was done."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(str(self.stats_socket))
+            sock.sendall(line.encode() + b"\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data.decode().strip()
+
     def servers(self, backend: str = "calls") -> dict[str, dict[str, str]]:
         """`show stat` on the stats socket: each server of `backend` by name (status, weight,
         scur: its connections now, stot: in all)."""
