@@ -329,9 +329,18 @@ SAMPLE_DISPATCHER = ROOT / "deploy" / "dispatcher.list"
 
 class Kamailio:
     """Debian's kamailio in the foreground (-DD -E) on templated copies of deploy/kamailio.cfg
-    and deploy/dispatcher.list, in `namespace` (the sample's port 5060)."""
+    and deploy/dispatcher.list, in `namespace` (the sample's port 5060); `ping_interval_s`
+    replaces the sample's OPTIONS probe interval (a long one: hosts are judged by their
+    answers to INVITEs alone)."""
 
-    def __init__(self, folder: Path, hosts: list[Host], *, namespace: Namespace) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        hosts: list[Host],
+        *,
+        namespace: Namespace,
+        ping_interval_s: int | None = None,
+    ) -> None:
         binary = shutil.which("kamailio") or shutil.which("kamailio", path="/usr/sbin")
         if binary is None:
             pytest.fail("kamailio is not installed: scripts/test installs it")
@@ -351,6 +360,11 @@ class Kamailio:
         )
         text = text.replace("/etc/kamailio/dispatcher.list", str(dispatcher))
         text = text.replace("unix:/run/kamailio/kamailio_ctl", f"unix:{self.control}")
+        if ping_interval_s is not None:
+            text, replaced = re.subn(
+                r'"ds_ping_interval", \d+\)', f'"ds_ping_interval", {ping_interval_s})', text
+            )
+            assert replaced == 1, "the sample config sets ds_ping_interval once"
         self.config = folder / "kamailio.cfg"
         self.config.write_text(text)
         check = subprocess.run(
