@@ -45,7 +45,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class Host:
     """One host: `voice-agent serve` with its control API and agent port, output to a file;
-    in `namespace` when given, else on loopback."""
+    in `namespace` when given (the sample's ports, or `ports`: HTTP, control API and agent
+    port, for a second server in the namespace), else on loopback."""
 
     def __init__(
         self,
@@ -56,11 +57,12 @@ class Host:
         server: Mapping[str, Any] | None = None,
         sip: bool = False,
         workers: int = 1,
+        ports: tuple[int, int, int] = (PORT, CONTROL_PORT, AGENT_PORT),
     ) -> None:
         self.name = name
         if namespace is not None:
             address = namespace.address
-            self.port, self.control_port, self.agent_port = PORT, CONTROL_PORT, AGENT_PORT
+            self.port, self.control_port, self.agent_port = ports
         else:
             address = "127.0.0.1"
             self.port, self.control_port, self.agent_port = (free_port() for _ in range(3))
