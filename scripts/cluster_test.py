@@ -94,9 +94,7 @@ async def main() -> int:
         built_s = time.monotonic() - started
         report = await run(cluster, load)
     total_s = time.monotonic() - started
-    survivor_pids = {
-        pid for pid in report.after_kill_pids if pid is not None and pid != report.victim_pid
-    }
+    on_survivor = sum(pid == report.survivor_pid for pid in report.after_kill_pids)
     print(f"cluster built in {built_s:.1f} s, run in {total_s - built_s:.1f} s; load: {load}")
     print(f"1. spread, Twilio one by one (leastconn): {spread(report.spread)}")
     print(f"   spread, SIP at once (algorithm 10):     {spread(report.spread_sip)}")
@@ -110,7 +108,7 @@ async def main() -> int:
         f"(the other had {len(report.survivors)}; {report.extra_calls} extra placed): "
         f"{len(report.dropped)} ended on the callers' side, all marked interrupted after "
         f"{report.interrupted_after_s:.1f} s; new calls {spread(report.after_kill)} "
-        f"on {len(survivor_pids)} worker process(es)"
+        f"({on_survivor} on the other worker, the rest on the restarted one)"
     )
     listed = ", ".join(f"{host} {len(ids)}" for host, ids in sorted(report.listed.items()))
     print(f"4. {len(report.placed)} calls placed; GET /calls lists {listed}")

@@ -346,6 +346,7 @@ class Report:
     victim_pid: int = 0
     victims: set[str] = field(default_factory=set)  # the killed worker's calls
     survivors: set[str] = field(default_factory=set)  # host2's other worker's, at the kill
+    survivor_pid: int = 0
     dropped: set[str] = field(default_factory=set)  # calls that ended on the callers' side
     interrupted_after_s: float = 0.0  # from the kill to the victims all marked interrupted
     after_kill: Counter[str] = field(default_factory=Counter)
@@ -452,6 +453,7 @@ async def run(cluster: Cluster, load: Load) -> Report:
     report.victim_pid = max(workers, key=lambda pid: len(workers[pid]))
     victims = workers.pop(report.victim_pid)
     survivors = [c for group in workers.values() for c in group]
+    report.survivor_pid = next(iter(workers), 0)
     report.victims = {c.sid for c in victims}
     report.survivors = {c.sid for c in survivors}
     killed_at = time.monotonic()
