@@ -34,9 +34,15 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[HAProxy, Host, Host]]:
         if netns.available() is None:
             network = stack.enter_context(netns.Network())
             spaces = [network.add(label) for label in ("host1", "host2", "lb")]
+        # As deploy/haproxy.cfg asks: the balancer is a trusted proxy, so a refusal reaches it
+        # as an HTTP 503 it can retry on the other host.
+        balancer_address = spaces[2].address if spaces[2] is not None else "127.0.0.1"
+        trusted = {"trusted_proxies": [balancer_address]}
         # host2's limit is low so that a few calls held on it lower its weight a lot.
-        one = Host(tmp_path / "host1", "host1", namespace=spaces[0])
-        two = Host(tmp_path / "host2", "host2", namespace=spaces[1], server={"max_calls": 10})
+        one = Host(tmp_path / "host1", "host1", namespace=spaces[0], server=trusted)
+        two = Host(
+            tmp_path / "host2", "host2", namespace=spaces[1], server={**trusted, "max_calls": 10}
+        )
         balancer: HAProxy | None = None
         try:
             await asyncio.gather(one.wait_ready(), two.wait_ready())
@@ -133,3 +139,27 @@ async def test_calls_spread_follow_the_agent_weight_and_leave_a_draining_host(
     # caller hung up (it was not cut by the drain).
     assert await asyncio.to_thread(draining.process.wait, 20) == 0
     assert draining.stored_outcome(live.call_sid) == ("caller_hung_up", "caller hung up")
+
+
+async def test_a_call_sent_to_a_host_that_refuses_it_is_tried_on_the_other(
+    cluster: tuple[HAProxy, Host, Host],
+) -> None:
+    balancer, one, two = cluster
+    # The checks of host1 switched off: the balancer keeps picking it, as it does in the
+    # seconds before a check sees a drain start.
+    for command in ("disable health calls/host1", "disable agent calls/host1"):
+        assert await asyncio.to_thread(balancer.command, command) == ""
+    # A call straight to host1 (the balancer does not count it) keeps it up while it drains.
+    held = caller(f"ws://{one.address}:{one.port}/twilio")
+    await held.connect()
+    await held.wait_audio(100)
+    await one.drain()
+    # leastconn picks host1 (no calls) for every call after the first: each is refused there
+    # with a 503 and sent on to host2, and none fails.
+    calls = [caller(balancer.url("/twilio")) for _ in range(4)]
+    for call in calls:  # one at a time, each held: host2 always has the more calls
+        await call.connect()
+        await call.wait_audio(100)
+    assert await where([call.call_sid for call in calls], [one, two]) == {"host1": 0, "host2": 4}
+    assert int(balancer.servers()["host1"]["wredis"]) >= 3
+    await asyncio.gather(*(call.stop() for call in [*calls, held]))

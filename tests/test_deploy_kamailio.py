@@ -22,7 +22,10 @@ pytestmark = pytest.mark.skipif(netns.available() is not None, reason=netns.avai
 
 
 @pytest_asyncio.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Kamailio, Host, Host, str]]:
+async def cluster(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Kamailio, Host, Host, str]]:
+    ping_interval_s: int | None = getattr(request, "param", None)
     with netns.Network() as network:
         spaces = [network.add(label) for label in ("host1", "host2", "sip")]
         one = Host(tmp_path / "host1", "host1", namespace=spaces[0], sip=True)
@@ -30,7 +33,9 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Kamailio, Host, Host, s
         proxy: Kamailio | None = None
         try:
             await asyncio.gather(one.wait_ready(), two.wait_ready())
-            proxy = Kamailio(tmp_path, [one, two], namespace=spaces[2])
+            proxy = Kamailio(
+                tmp_path, [one, two], namespace=spaces[2], ping_interval_s=ping_interval_s
+            )
             await proxy.wait_destinations(
                 "both hosts active", lambda d: all(f.startswith("A") for f in d.values())
             )
@@ -92,3 +97,43 @@ async def test_sip_calls_spread_by_load_and_leave_a_draining_host(
     await long_call  # sipp's caller hung up after 12 s, its BYE answered
     assert await asyncio.to_thread(draining.process.wait, 20) == 0
     assert draining.stored_outcomes()[-1] == ("caller_hung_up", "caller hung up")
+
+
+# No probe for an hour: the dispatcher learns of the drain from the INVITE's 503 alone, as it
+# does when a call comes in before its next probe.
+@pytest.mark.parametrize("cluster", [3600], indirect=True)
+async def test_an_invite_refused_by_a_draining_host_goes_to_the_other(
+    cluster: tuple[Kamailio, Host, Host, str], tmp_path: Path
+) -> None:
+    proxy, one, two, caller = cluster
+    hosts = [one, two]
+    # A call through the proxy: the host it reached counts one call there, the other none.
+    long_call = asyncio.ensure_future(calls(proxy, tmp_path / "long", caller, 1, 8000))
+    busy = await host_with_a_call(hosts)
+    (draining,) = [host for host in hosts if host is not busy]
+    # A call straight to the other host keeps it up while it drains; the proxy does not
+    # count it, so the other host stays the one with the fewest calls.
+    direct_folder = tmp_path / "direct"
+    await asyncio.to_thread(direct_folder.mkdir)
+    direct = asyncio.ensure_future(
+        run_sipp(
+            f"{draining.address}:{draining.sip_port}",
+            direct_folder,
+            scenario_file=await asyncio.to_thread(scenario, "routed_call", direct_folder),
+            address=caller,
+            extra=["-d", "8000"],
+        )
+    )
+    deadline = time.monotonic() + 10
+    while await draining.live_calls() != 1:  # another process's state: polled
+        assert time.monotonic() < deadline, "the direct call never came up"
+        await asyncio.sleep(0.1)
+    await draining.drain()
+    key = f"{draining.address}:{draining.sip_port}"
+    assert proxy.destinations()[key].startswith("A")  # the proxy has not heard of the drain
+    # The next call goes to the draining host, is refused with 503, and goes to the other.
+    await calls(proxy, tmp_path / "refused", caller, 1, 1000)
+    assert await busy.call_count() == 2 and await draining.call_count() == 1
+    assert proxy.destinations()[key].startswith("I")  # marked inactive by the refusal
+    await long_call
+    assert (await direct).ok

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
 from tests.support.sipp import run_sipp, scenario, write_rtp_pcap
@@ -169,6 +170,49 @@ async def test_draining_refuses_new_calls_and_says_so_while_the_live_call_goes_o
     assert call["outcome"] == "caller_hung_up"
     async with asyncio.timeout(10):
         await server.drained.wait()  # the last call has ended: the process may exit
+
+
+async def upgrade_refused(port: int) -> tuple[int, str, str]:
+    """How a new call to /twilio is refused before its WebSocket opens: HTTP status, the
+    Retry-After header and the body."""
+    with pytest.raises(InvalidStatus) as refusal:
+        async with connect(f"ws://127.0.0.1:{port}/twilio?token={TOKEN}"):
+            pass
+    response = refusal.value.response
+    return response.status_code, response.headers["Retry-After"], response.body.decode().strip()
+
+
+async def test_a_balancer_gets_the_refusal_as_http_503_so_it_can_try_another_host(
+    tmp_path: Path,
+) -> None:
+    # The test is the balancer: its address is a trusted proxy.
+    config = default_config_with(
+        tmp_path,
+        voice=QUICK_VOICE,
+        server={
+            "api_tokens": ["control"],
+            "control_listen": "127.0.0.1:0",
+            "trusted_proxies": ["127.0.0.1/32"],
+            "max_calls": 1,
+            "max_loop_lag_ms": None,
+        },
+    )
+    async for server in serving(config, secrets={"control": TOKEN}):
+        live = caller(server.port, "CA" + "5" * 32)
+        await live.connect()
+        await live.wait_audio(100)
+        # Full: refused before the handshake, as while draining.
+        status, retry_after, reason = await upgrade_refused(server.port)
+        assert (status, retry_after) == (503, "5") and "limit of 1 calls" in reason
+        assert (await post_drain(server)).status_code == 202
+        assert await upgrade_refused(server.port) == (503, "5", REFUSAL)
+        assert server.refused_calls == 2
+        # The live call is not touched by either refusal.
+        heard = live.received_ms
+        await live.send_audio((AUDIO / "joe_book1.ulaw").read_bytes())
+        await live.wait_audio(heard + 1000)
+        await live.stop()
+        assert (await record(server.port, live.call_sid))["outcome"] == "caller_hung_up"
 
 
 async def test_at_the_deadline_the_live_call_hears_the_goodbye_and_ends_interrupted(

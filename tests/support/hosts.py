@@ -45,7 +45,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class Host:
     """One host: `voice-agent serve` with its control API and agent port, output to a file;
-    in `namespace` when given, else on loopback."""
+    in `namespace` when given (the sample's ports, or `ports`: HTTP, control API and agent
+    port, for a second server in the namespace), else on loopback."""
 
     def __init__(
         self,
@@ -56,11 +57,12 @@ class Host:
         server: Mapping[str, Any] | None = None,
         sip: bool = False,
         workers: int = 1,
+        ports: tuple[int, int, int] = (PORT, CONTROL_PORT, AGENT_PORT),
     ) -> None:
         self.name = name
         if namespace is not None:
             address = namespace.address
-            self.port, self.control_port, self.agent_port = PORT, CONTROL_PORT, AGENT_PORT
+            self.port, self.control_port, self.agent_port = ports
         else:
             address = "127.0.0.1"
             self.port, self.control_port, self.agent_port = (free_port() for _ in range(3))
@@ -80,6 +82,7 @@ class Host:
         self.sip_port = SIP_PORT if namespace is not None else free_udp_port()
         if sip:
             command += ["--sip", f"{address}:{self.sip_port}"]
+        self.workers = workers
         if workers > 1:
             command += ["--workers", str(workers)]
         env = {
@@ -107,14 +110,23 @@ class Host:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
 
+    def serving_workers(self) -> int:
+        """How many worker starts the log shows (each prints its banner once it serves)."""
+        return self.log_path.read_text(errors="replace").count(" serving agent ")
+
     async def wait_ready(self, timeout_s: float = 60) -> None:
+        """Until every worker serves: one answering /healthz is not enough, the agent port is
+        worker 0's and the kernel hands calls to any of them."""
         async with httpx.AsyncClient() as http:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
                     raise AssertionError(f"{self.name} exited before serving:\n{self.log()}")
                 try:
-                    if (await http.get(f"{self.http}/healthz")).status_code == 200:
+                    if (
+                        self.serving_workers() >= self.workers
+                        and (await http.get(f"{self.http}/healthz")).status_code == 200
+                    ):
                         return
                 except httpx.TransportError:
                     pass
@@ -259,6 +271,18 @@ class HAProxy:
     def url(self, path: str) -> str:
         return f"ws://{self.address}:{self.port}{path}"
 
+    def command(self, line: str) -> str:
+        """One command on the stats socket (`set server ...`, `disable health ...`); its
+        answer, empty when it was done."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(str(self.stats_socket))
+            sock.sendall(line.encode() + b"\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data.decode().strip()
+
     def servers(self, backend: str = "calls") -> dict[str, dict[str, str]]:
         """`show stat` on the stats socket: each server of `backend` by name (status, weight,
         scur: its connections now, stot: in all)."""
@@ -307,9 +331,18 @@ SAMPLE_DISPATCHER = ROOT / "deploy" / "dispatcher.list"
 
 class Kamailio:
     """Debian's kamailio in the foreground (-DD -E) on templated copies of deploy/kamailio.cfg
-    and deploy/dispatcher.list, in `namespace` (the sample's port 5060)."""
+    and deploy/dispatcher.list, in `namespace` (the sample's port 5060); `ping_interval_s`
+    replaces the sample's OPTIONS probe interval (a long one: hosts are judged by their
+    answers to INVITEs alone)."""
 
-    def __init__(self, folder: Path, hosts: list[Host], *, namespace: Namespace) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        hosts: list[Host],
+        *,
+        namespace: Namespace,
+        ping_interval_s: int | None = None,
+    ) -> None:
         binary = shutil.which("kamailio") or shutil.which("kamailio", path="/usr/sbin")
         if binary is None:
             pytest.fail("kamailio is not installed: scripts/test installs it")
@@ -329,6 +362,11 @@ class Kamailio:
         )
         text = text.replace("/etc/kamailio/dispatcher.list", str(dispatcher))
         text = text.replace("unix:/run/kamailio/kamailio_ctl", f"unix:{self.control}")
+        if ping_interval_s is not None:
+            text, replaced = re.subn(
+                r'"ds_ping_interval", \d+\)', f'"ds_ping_interval", {ping_interval_s})', text
+            )
+            assert replaced == 1, "the sample config sets ds_ping_interval once"
         self.config = folder / "kamailio.cfg"
         self.config.write_text(text)
         check = subprocess.run(

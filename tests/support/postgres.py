@@ -1,9 +1,12 @@
-"""A throwaway PostgreSQL cluster for tests: initdb and pg_ctl on a temp dir, unix socket only.
+"""A throwaway PostgreSQL cluster for tests: initdb and pg_ctl on a temp dir, on a unix socket,
+and for tests of several hosts also on TCP in a network namespace of its own.
 
 Debian's `postgresql` package puts the server in /usr/lib/postgresql/<version>/bin. The server
 refuses to run as root, so as root the cluster runs as the `postgres` user (the package
 creates it) through runuser, in a temp dir that user owns. Listening on a unix socket in that
-dir, not on TCP, no port can collide with another cluster. Anything missing is a test failure
+dir, not on TCP, no port can collide with another cluster; in a namespace (tests/support/netns.py)
+the address is the namespace's own, so the standard port is free too, and the network's subnet
+may connect without a password. Anything missing is a test failure
 with the reason, not a skip: the Postgres store must not go untested by accident.
 """
 
@@ -22,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-PORT = 5432  # names the socket file only: there is no TCP listener
+from tests.support.netns import Namespace
+
+PORT = 5432  # names the socket file, and the TCP port in a namespace
 SUPERUSER = "postgres"
 
 
@@ -48,18 +53,23 @@ class PostgresCluster:
     root: Path
     bin_dir: Path
     run_as: list[str]  # the command prefix running a server binary as a non-root user
+    namespace: Namespace | None = None  # where it also listens on TCP
+    clients: str | None = None  # the network (CIDR) trusted to connect over TCP
 
     @property
     def socket_dir(self) -> Path:
         return self.root
 
     def url(self, database: str = "postgres") -> str:
+        if self.namespace is not None:
+            return f"postgresql://{SUPERUSER}@{self.namespace.address}:{PORT}/{database}"
         return f"postgresql://{SUPERUSER}@/{database}?host={self.socket_dir}&port={PORT}"
 
     def _run(self, *args: str) -> None:
-        result = subprocess.run(
-            [*self.run_as, *args], capture_output=True, text=True, timeout=60, check=False
-        )
+        command = [*self.run_as, *args]
+        if self.namespace is not None:
+            command = self.namespace.wrap(command)  # the postmaster stays in it
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
         if result.returncode != 0:
             log = self.root / "server.log"
             tail = log.read_text()[-2000:] if log.exists() else ""
@@ -82,8 +92,13 @@ class PostgresCluster:
             "--encoding=UTF8",
             "--locale=C",
         )
+        listen = ""
+        if self.namespace is not None:
+            listen = self.namespace.address
+            with (data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.clients} trust\n")
         options = (
-            f"-k {self.socket_dir} -p {PORT} -c listen_addresses='' "
+            f"-k {self.socket_dir} -p {PORT} -c listen_addresses='{listen}' "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         )
         self._run(
@@ -121,7 +136,13 @@ class PostgresCluster:
 
 
 @contextlib.contextmanager
-def running_cluster() -> Iterator[PostgresCluster]:
+def running_cluster(
+    namespace: Namespace | None = None, clients: str | None = None
+) -> Iterator[PostgresCluster]:
+    """A started cluster, stopped and deleted after; in `namespace`, also on TCP at its
+    address, where `clients` (a CIDR: the namespaces' network) connect without a password."""
+    if (namespace is None) != (clients is None):
+        raise ValueError("a cluster in a namespace needs the clients' network, and only then")
     bin_dir = _bin_dir()
     root = Path(tempfile.mkdtemp(prefix="voice-agent-pg-"))
     run_as: list[str] = []
@@ -137,7 +158,7 @@ def running_cluster() -> Iterator[PostgresCluster]:
             )
         os.chown(root, user.pw_uid, user.pw_gid)
         run_as = ["runuser", "-u", "postgres", "--"]
-    cluster = PostgresCluster(root, bin_dir, run_as)
+    cluster = PostgresCluster(root, bin_dir, run_as, namespace, clients)
     try:
         cluster.start()
         yield cluster

@@ -61,7 +61,12 @@ from voice_agent.server.admission import (
 from voice_agent.server.agent_check import AgentCheck, Load, WorkerReport, weight_percent
 from voice_agent.server.asterisk_ws import asterisk_endpoint
 from voice_agent.server.audiosocket import AudioSocketServer
-from voice_agent.server.auth import AccessPolicy, client_address, tokens_from_secrets
+from voice_agent.server.auth import (
+    AccessPolicy,
+    client_address,
+    is_trusted_proxy,
+    tokens_from_secrets,
+)
 from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
 from voice_agent.server.carrier_dialer import CarrierDialer, Placer, decision
 from voice_agent.server.carriers import (
@@ -745,6 +750,15 @@ class VoiceServer:
                 response.headers["Retry-After"] = str(RETRY_AFTER_S)
                 return response
             refused = self.refuse_call(path)
+            if refused is not None and is_trusted_proxy(peer, trusted):
+                # A balancer can still send a call it has not connected to another host
+                # (HAProxy's `retry-on 503`, deploy/haproxy.cfg), but not one whose WebSocket
+                # is open: so it gets the refusal as an HTTP answer. This closes the seconds
+                # between a drain's start and the balancer's next check, when it still picks
+                # this host.
+                response = connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"{refused}\n")
+                response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                return response
             if refused is not None:
                 # The handshake completes so the caller gets a WebSocket close code it knows.
                 self._refusals[connection] = refused

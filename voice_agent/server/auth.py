@@ -383,22 +383,24 @@ def client_address(
     appends the address it saw, so the right-most entry that is not a trusted proxy is the
     client. An untrusted peer could write anything into the header, so it is ignored then.
     """
-    networks = [ipaddress.ip_network(proxy, strict=False) for proxy in trusted_proxies]
-
-    def trusted(address: str) -> bool:
-        try:
-            ip = ipaddress.ip_address(address.strip().strip("[]"))
-        except ValueError:
-            return False
-        return any(ip in network for network in networks)
-
-    if peer is None or not networks or not trusted(peer):
+    if peer is None or not is_trusted_proxy(peer, trusted_proxies):
         return peer or "unknown"
     hops = [hop.strip() for value in headers.get_all("X-Forwarded-For") for hop in value.split(",")]
     for hop in reversed(hops):
-        if hop and not trusted(hop):
+        if hop and not is_trusted_proxy(hop, trusted_proxies):
             return hop
     return peer
+
+
+def is_trusted_proxy(address: str | None, trusted_proxies: Sequence[str]) -> bool:
+    """Whether `address` is one of `trusted_proxies` (addresses or CIDR networks)."""
+    if address is None or not trusted_proxies:
+        return False
+    try:
+        ip = ipaddress.ip_address(address.strip().strip("[]"))
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(proxy, strict=False) for proxy in trusted_proxies)
 
 
 # ---- failure rate limiting ----------------------------------------------------------------
