@@ -26,6 +26,7 @@ import yaml
 from aiohttp import web
 
 from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
+from tests.test_carrier_call_control import StandIn
 from tests.test_sip_calls import spoken_ulaw
 from voice_agent.callers import TwilioClient
 from voice_agent.server.app import VoiceServer
@@ -44,29 +45,18 @@ BAD_NUMBER = "+15005550001"  # Twilio's test number for "invalid"
 MESSAGE = "Hi, this is Bella Vista with a reminder of your booking tonight. Goodbye."
 
 
-class TwilioCalls:
+class TwilioCalls(StandIn):
     """POST /2010-04-01/Accounts/{AccountSid}/Calls.json as Twilio answers it: 201 with the
     call resource, 400 with Twilio's error JSON for a number it cannot dial, 401 for other
     credentials. Each call it takes is put on `created` for the test to play Twilio's part."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.created: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.url = ""
-        self._runner: web.AppRunner | None = None
         self._sids = iter(f"CA{n:032d}" for n in range(1, 1000))
 
-    async def start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/2010-04-01/Accounts/{account}/Calls.json", self._create)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     async def _create(self, request: web.Request) -> web.Response:
         expected = "Basic " + base64.b64encode(f"{API_KEY}:{API_SECRET}".encode()).decode()
