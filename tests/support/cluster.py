@@ -380,6 +380,8 @@ async def run(cluster: Cluster, load: Load) -> Report:
         lambda calls: (
             sum(c.transport == "sip" and c.live for c in calls.values()) == load.spread_sip_calls
             and all(c.server is not None for c in calls.values())
+            # The store writes in batches: every answered caller's record is in too.
+            and all(c.sid in calls for c in first if c.error is None)
         ),
         f"{load.spread_sip_calls} SIP calls up",
     )
