@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import json
 import re
 import time
@@ -22,12 +21,13 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import pytest_asyncio
-import yaml
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from tests.support import placed_calls as placed
 from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
+from tests.support.placed_calls import MESSAGE, add_reminder_agent, on_control_port
 from tests.test_carrier_call_control import StandIn
 from tests.test_carrier_calls_telnyx_plivo import (
     FakePlivo,
@@ -47,7 +47,6 @@ TOKEN = "control-token-2"
 PUBLIC = "https://voice.example.com"
 CONTROL_PUBLIC = "https://control.example.com:8444"
 BAD_NUMBER = "+15005550001"
-MESSAGE = "Hi, this is Bella Vista with a reminder of your booking tonight. Goodbye."
 SIGNING_KEY = Ed25519PrivateKey.generate()  # the portal's key pair, for this test run
 PUBLIC_KEY = base64.b64encode(
     SIGNING_KEY.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
@@ -133,35 +132,17 @@ async def server(
             "carrier_amd": True,
         },
     )
-    data = yaml.safe_load(path.read_text())
-    reminder = copy.deepcopy(data["agents"]["booking"])
-    reminder["answering_machine"] = True
-    reminder["flow"].setdefault("events", {})["voicemail"] = {"say": MESSAGE, "end_call": True}
-    data["agents"]["reminder"] = reminder
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    add_reminder_agent(path)
     secrets = {"control": TOKEN, "telnyx_key": TELNYX_KEY, "plivo_token": PLIVO_TOKEN}
     async for voice_server in serving(path, secrets=secrets):
         yield voice_server
 
 
 async def place(server: VoiceServer, body: dict[str, Any]) -> str:
-    assert server.control is not None
-    async with httpx.AsyncClient() as http:
-        response = await http.post(
-            f"http://127.0.0.1:{server.control.port}/calls",
-            json=body,
-            headers={"Authorization": f"Bearer {TOKEN}"},
-        )
+    response = await placed.place(server, TOKEN, body)
     assert response.status_code == 202, response.text
     call_id: str = response.json()["call_id"]
     return call_id
-
-
-def local(server: VoiceServer, url: str) -> str:
-    """The control port a callback URL's public address stands for."""
-    assert server.control is not None
-    parts = urlsplit(url)
-    return f"http://127.0.0.1:{server.control.port}{parts.path}?{parts.query}"
 
 
 async def telnyx_webhook(
@@ -179,12 +160,12 @@ async def telnyx_webhook(
         "telnyx-signature-ed25519": base64.b64encode(signature).decode(),
     }
     async with httpx.AsyncClient() as http:
-        return await http.post(local(server, url), content=body, headers=headers)
+        return await http.post(on_control_port(server, url), content=body, headers=headers)
 
 
 async def plivo_post(server: VoiceServer, url: str, form: dict[str, str]) -> httpx.Response:
     async with httpx.AsyncClient() as http:
-        return await http.post(local(server, url), data=form)
+        return await http.post(on_control_port(server, url), data=form)
 
 
 def stream_base(server: VoiceServer, stream_url: str, path: str) -> tuple[str, str]:
@@ -195,20 +176,7 @@ def stream_base(server: VoiceServer, stream_url: str, path: str) -> tuple[str, s
 
 
 async def record_when_ended(server: VoiceServer, call_id: str) -> dict[str, Any]:
-    pipeline = server.pipelines.get(call_id)
-    if pipeline is not None:
-        await pipeline.finished.wait()
-    async with httpx.AsyncClient() as http:
-        for _ in range(200):  # 10 s: a call never answered is written when its callback comes
-            response = await http.get(
-                f"http://127.0.0.1:{server.port}/calls/{call_id}",
-                headers={"Authorization": f"Bearer {TOKEN}"},
-            )
-            if response.status_code == 200 and response.json().get("ended_at"):
-                record: dict[str, Any] = response.json()
-                return record
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"call {call_id} has no ended record")
+    return await placed.record_when_ended(server, TOKEN, call_id)
 
 
 def said(call: dict[str, Any]) -> list[str]:
@@ -259,7 +227,7 @@ async def plivo_person(server: VoiceServer, carriers: CarrierCalls) -> None:
     assert "machine_detection" not in created  # the booking agent has no answering_machine
     assert created["answer_method"] == "GET"
     async with httpx.AsyncClient() as http:
-        answer = await http.get(local(server, created["answer_url"]) + "&CallUUID=abc")
+        answer = await http.get(on_control_port(server, created["answer_url"]) + "&CallUUID=abc")
     assert answer.status_code == 200
     (stream_url,) = re.findall(r">(wss://[^<]+)</Stream>", answer.text)
     assert 'bidirectional="true"' in answer.text
@@ -314,7 +282,7 @@ async def test_junk_at_the_callbacks_changes_nothing_and_the_port_answers_on(
     assert server.control is not None
     call_id = await place(server, {"to": "+13125550127", "via": "telnyx"})
     created = await asyncio.wait_for(carriers.created["telnyx"].get(), 10)
-    url = local(server, created["webhook_url"])
+    url = on_control_port(server, created["webhook_url"])
     base = f"http://127.0.0.1:{server.control.port}/callbacks"
     before = len(server.dialer.calls)
     async with httpx.AsyncClient() as http:

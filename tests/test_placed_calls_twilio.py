@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import re
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import httpx
 import pytest
 import pytest_asyncio
-import yaml
 from aiohttp import web
 
+from tests.support import placed_calls as placed
 from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
+from tests.support.placed_calls import MESSAGE, add_reminder_agent, on_control_port
 from tests.test_carrier_call_control import StandIn
 from tests.test_sip_calls import spoken_ulaw
 from voice_agent.callers import TwilioClient
@@ -42,7 +42,6 @@ PUBLIC = "https://voice.example.com"  # where "Twilio" is told the streams go
 CONTROL_PUBLIC = "https://control.example.com:8444"  # and the callbacks
 TOKEN = "control-token-1"
 BAD_NUMBER = "+15005550001"  # Twilio's test number for "invalid"
-MESSAGE = "Hi, this is Bella Vista with a reminder of your booking tonight. Goodbye."
 
 
 class TwilioCalls(StandIn):
@@ -103,12 +102,7 @@ async def server(
             "ring_timeout_s": 30,
         },
     )
-    data = yaml.safe_load(path.read_text())
-    reminder = copy.deepcopy(data["agents"]["booking"])
-    reminder["answering_machine"] = True
-    reminder["flow"].setdefault("events", {})["voicemail"] = {"say": MESSAGE, "end_call": True}
-    data["agents"]["reminder"] = reminder
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    add_reminder_agent(path)
     secrets = {
         "control": TOKEN,
         "twilio_auth_token": AUTH_TOKEN,
@@ -119,13 +113,7 @@ async def server(
 
 
 async def place(server: VoiceServer, body: dict[str, Any]) -> httpx.Response:
-    assert server.control is not None
-    async with httpx.AsyncClient() as http:
-        return await http.post(
-            f"http://127.0.0.1:{server.control.port}/calls",
-            json=body,
-            headers={"Authorization": f"Bearer {TOKEN}"},
-        )
+    return await placed.place(server, TOKEN, body)
 
 
 async def callback(
@@ -133,12 +121,11 @@ async def callback(
 ) -> httpx.Response:
     """Twilio's POST to a callback URL it was given: signed over that URL and the form; sent
     to the control port the URL's public address stands for."""
-    assert server.control is not None
-    parts = urlsplit(url)
-    local = f"http://127.0.0.1:{server.control.port}{parts.path}?{parts.query}"
     signature = twilio_signature(url, form, token)
     async with httpx.AsyncClient() as http:
-        return await http.post(local, data=form, headers={"X-Twilio-Signature": signature})
+        return await http.post(
+            on_control_port(server, url), data=form, headers={"X-Twilio-Signature": signature}
+        )
 
 
 def stream_of(twiml: str) -> tuple[str, dict[str, str]]:
@@ -163,26 +150,11 @@ def answered_stream(server: VoiceServer, created: dict[str, Any]) -> TwilioClien
 
 
 async def get_record(server: VoiceServer, call_id: str) -> httpx.Response:
-    async with httpx.AsyncClient() as http:
-        return await http.get(
-            f"http://127.0.0.1:{server.port}/calls/{call_id}",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-        )
+    return await placed.get_record(server, TOKEN, call_id)
 
 
 async def record_when_ended(server: VoiceServer, call_id: str) -> dict[str, Any]:
-    """The call's record once it has ended: after its pipeline, if it reached one; a call
-    never answered is written when its callback or its refusal comes, polled for here."""
-    pipeline = server.pipelines.get(call_id)
-    if pipeline is not None:
-        await pipeline.finished.wait()
-    for _ in range(200):  # 10 s
-        response = await get_record(server, call_id)
-        if response.status_code == 200 and response.json().get("ended_at"):
-            record: dict[str, Any] = response.json()
-            return record
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"call {call_id} has no ended record")
+    return await placed.record_when_ended(server, TOKEN, call_id)
 
 
 def said(call: dict[str, Any], role: str) -> list[str]:
