@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from fractions import Fraction
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
@@ -45,6 +44,8 @@ try:
         RTCSessionDescription,
     )
     from aiortc.mediastreams import MediaStreamError
+
+    from voice_agent.server.webrtc_opus import OpusVoice
 
     AVAILABLE = True
 except ImportError:  # the `webrtc` extra is not installed
@@ -111,7 +112,7 @@ class RtcOutbound:
 if AVAILABLE:
 
     class AgentAudioTrack(MediaStreamTrack):
-        """The agent's voice: one 20 ms frame per tick, silence when it has nothing to say."""
+        """The agent's voice: one 20 ms Opus packet per tick, silence when it has nothing to say."""
 
         kind = "audio"
 
@@ -121,8 +122,9 @@ if AVAILABLE:
             self._on_heard = on_heard
             self._start: float | None = None
             self._pts = 0
+            self.voice = OpusVoice(CARRIER.sample_rate)
 
-        async def recv(self) -> av.AudioFrame:
+        async def recv(self) -> av.Packet:
             if self.readyState != "live":
                 raise MediaStreamError
             loop = asyncio.get_running_loop()
@@ -133,15 +135,12 @@ if AVAILABLE:
                 delay = self._start + self._pts / CARRIER.sample_rate - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+            speech = self._playout.pending_ms > 0
             data, heard = self._playout.next_frame(loop.time() * 1000)
             for name in heard:
                 self._on_heard(name)
-            frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-            frame.planes[0].update(data)
-            frame.pts = self._pts
-            frame.sample_rate = CARRIER.sample_rate
-            frame.time_base = Fraction(1, CARRIER.sample_rate)
-            return frame
+            # Encoded here, not by aiortc: voice_agent.server.webrtc_opus says why.
+            return self.voice.packet(data, self._pts, speech=speech)
 
 
 class RtcGateway:
