@@ -148,7 +148,7 @@ async def test_sipps_stock_caller_is_answered_and_hangs_up(
     server: VoiceServer, tmp_path: Path
 ) -> None:
     """sipp's stock `uac`: PCMU offered, no RTP, BYE 3 s in, mid-greeting: the greeting is
-    committed as far as it had been sent, no further."""
+    committed as far as it had been sent, no further, and the record names the dialog."""
     result = await run_sipp(target(server), tmp_path, stock="uac", extra=["-d", "3000"])
     assert result.ok, result.stderr + result.messages
     ok = next(m for m in received(result) if m.status == 200 and m.cseq[1] == "INVITE")
@@ -157,6 +157,14 @@ async def test_sipps_stock_caller_is_answered_and_hangs_up(
     call = await last_call(server)
     assert call["transport"] == "sip"
     assert call["end_reason"] == "caller hung up"
+    # The record names the SIP dialog it was, as sipp sent it.
+    (dialog,) = audit(call, "sip")
+    assert dialog["call_id"] == ok.call_id
+    assert (dialog["direction"], dialog["peer"], dialog["codec"]) == (
+        "inbound",
+        "127.0.0.1",
+        "PCMU",
+    )
     greeting = audit(call, "agent_utterance")[0]
     assert greeting["generated"] == GREETING
     assert greeting["committed"] != GREETING and GREETING.startswith(greeting["committed"])

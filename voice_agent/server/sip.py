@@ -675,12 +675,22 @@ class SipGateway:
             reason = f"call could not start: {exc}"
             self.hang_up(call.call_id, reason)
             return reason
+        party = args.get("callee" if call.outbound else "caller", "?")
         log.info(
             "sip call %s %s %s is call %s",
             call.call_id,
             "to" if call.outbound else "from",
-            args.get("callee" if call.outbound else "caller", "?"),
+            party,
             call.pipeline.session.call_id,
+        )
+        # The record names the SIP dialog too, so a trace or a carrier's CDR finds its call.
+        call.pipeline.session.audit.add(
+            "sip",
+            call_id=call.call_id,
+            direction="outbound" if call.outbound else "inbound",
+            party=party,
+            peer=call.peer_host,
+            codec=call.negotiated.codec.name,
         )
         call.phase = self._quietest_phase()
         self._start_ticker()
