@@ -106,7 +106,8 @@ def test_small_runs_in_both_modes(tmp_path: Path) -> None:
 
 def test_server_added_leaves_out_exactly_what_the_standin_takes() -> None:
     """The server sends a sentence's audio as it streams in, so the stand-in's share of a
-    turn's first audio is its configured delays; the rest is the server's."""
+    turn's first audio is its configured delays, less the STT delay spent inside the
+    end-of-turn silence (the request goes at the caller's pause); the rest is the server's."""
     scripts = str(ROOT / "scripts")
     sys.path.insert(0, scripts)
     try:
@@ -122,12 +123,16 @@ def test_server_added_leaves_out_exactly_what_the_standin_takes() -> None:
 
     fake = SimpleNamespace(args=Args(), mode="hosted", uses_llm=False)
     run_cls = loadgen_run.Run
-    fake._engine_ms = lambda: run_cls._engine_ms(fake)
-    metrics = {"end_of_turn_ms": 1000.0, "first_audio_sent_ms": 1320.0}
-    # 320 ms after the end of turn: 150 STT + 150 TTS first byte = 300.
+    fake._engine_ms = lambda silence: run_cls._engine_ms(fake, silence)
+    # The STT request went at the caller's pause, 600 ms before the turn ended: its 150 ms
+    # were over by then, so 170 ms after the end of turn is TTS first byte (150) and 20 ms.
+    metrics = {"speech_end_ms": 400.0, "end_of_turn_ms": 1000.0, "first_audio_sent_ms": 1170.0}
     assert run_cls.server_added_at_server_ms(fake, metrics) == 20.0
+    # A silence shorter than the STT delay leaves the rest of it to wait for.
+    short = {"speech_end_ms": 900.0, "end_of_turn_ms": 1000.0, "first_audio_sent_ms": 1220.0}
+    assert run_cls.server_added_at_server_ms(fake, short) == 20.0
     fake.uses_llm = True  # an LLM agent also waits for the first token
-    assert run_cls.server_added_at_server_ms(fake, {**metrics, "first_audio_sent_ms": 1620.0}) == 20
+    assert run_cls.server_added_at_server_ms(fake, {**metrics, "first_audio_sent_ms": 1470.0}) == 20
     assert run_cls.server_added_at_server_ms(fake, {"end_of_turn_ms": 1.0}) is None
 
 

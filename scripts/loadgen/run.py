@@ -205,22 +205,28 @@ class Run:
 
     def server_added_ms(self, turn: Turn) -> float | None:
         """Caller speech end -> first audio, less what the server was configured to wait and
-        the stand-in to take: end-of-turn silence, STT delay, the LLM's first-token delay (LLM
-        agents) and TTS first byte (the server sends a sentence's audio as it streams in, so
-        the stand-in's first chunk is the caller's first audio). Hosted mode only, where those
-        are known. What stays in besides the server's own work: how far the server's estimate
-        of the end of speech is from the caller's last frame above -45 dBFS (0-60 ms on the
-        fixtures) and, for LLM agents, the stand-in's 20 ms a word until the first sentence is
-        complete."""
+        the stand-in to take: end-of-turn silence, the STT delay beyond it, the LLM's
+        first-token delay (LLM agents) and TTS first byte (the server sends a sentence's
+        audio as it streams in, so the stand-in's first chunk is the caller's first audio).
+        Hosted mode only, where those are known. What stays in besides the server's own
+        work: how far the server's estimate of the end of speech is from the caller's last
+        frame above -45 dBFS (0-60 ms on the fixtures) and, for LLM agents, the stand-in's
+        20 ms a word until the first sentence is complete."""
         if self.mode != "hosted" or turn.latency_ms is None:
             return None
-        return turn.latency_ms - self.eot_ms - self._engine_ms()
+        return turn.latency_ms - self.eot_ms - self._engine_ms(self.eot_ms)
 
-    def _engine_ms(self) -> float:
-        """What the stand-in was configured to take before a turn's first audio."""
+    def _engine_ms(self, silence_ms: float) -> float:
+        """What the stand-in was configured to take before a turn's first audio, when the
+        caller's speech ended `silence_ms` before the turn did. The pipeline sends the STT
+        request when the caller pauses (its speculative decoding), so only the part of the
+        STT delay beyond that silence is waited for after the turn ends: none, with the
+        stand-in's 150 ms and a 600 ms silence. A turn whose speculation was wasted (the caller
+        went on after the pause) waits for a second request, which then counts as the
+        server's."""
         args = self.args
         llm = args.llm_delay_ms if self.uses_llm else 0.0
-        return args.stt_delay_ms + llm + args.tts_delay_ms
+        return max(0.0, args.stt_delay_ms - silence_ms) + llm + args.tts_delay_ms
 
     def server_added_at_server_ms(self, metrics: dict[str, Any]) -> float | None:
         """The issue's own definition on the server's clock: first agent audio sent, from the
@@ -237,7 +243,9 @@ class Run:
         turn_end = metrics.get("end_of_turn_ms")
         if sent is None or turn_end is None:
             return None
-        return float(sent) - float(turn_end) - self._engine_ms()
+        speech_end = metrics.get("speech_end_ms", turn_end)
+        silence = float(turn_end) - float(speech_end)
+        return float(sent) - float(turn_end) - self._engine_ms(silence)
 
     # -- processes -------------------------------------------------------------------------
 
