@@ -92,6 +92,13 @@ def test_silence_after_speech_fades_out_then_costs_no_encoding() -> None:
     assert np.abs(tail).max() <= 8, "the silence packets decode to something audible"
 
 
+def test_a_call_that_starts_in_silence_encodes_only_its_first_frames() -> None:
+    voice = OpusVoice(RATE)
+    quiet = encode(voice, bytes(FRAME * 100), 0, speech=False)
+    assert voice.encoded == SETTLE_FRAMES
+    assert np.abs(np.frombuffer(browser_decode(quiet), dtype="<i2")).max() <= 8
+
+
 def test_packets_carry_the_tracks_rtp_time() -> None:
     voice = OpusVoice(RATE)
     packets = encode(voice, fixture("joe_book1")[: FRAME * 10], 320 * 7, speech=True)

@@ -1,14 +1,14 @@
 """The agent's voice as Opus packets for aiortc's RTP sender, encoded here instead of by aiortc.
 
-Handed raw frames, aiortc's sender measures each frame's level in pure Python (RFC 6465's
-header extension, a loop over every sample), resamples it to 48 kHz stereo and encodes it at
-96 kbit/s on the loop's default executor, whose thread hop per frame cost more than the
-encoding itself; and it does all of that every 20 ms while the agent is silent too. Handed an
-`av.Packet`, it only packetizes it. So the track encodes here, on the loop (PyAV's encoder holds
-the GIL, so the executor's thread bought no parallelism): 16 kHz mono, the pipeline's own rate,
-at 32 kbit/s, which Opus's wideband speech needs and no more; and once the agent has been quiet
-for a few frames it repeats the encoder's own packet for digital silence instead of encoding
-silence again (docs/performance.md, "WebRTC calls").
+Handed raw frames, aiortc's sender measures each frame's level in pure Python (for RFC
+6464's audio-level header extension, a loop over every sample), resamples it to 48 kHz stereo
+and encodes it at 96 kbit/s on the loop's default executor, whose thread hop per frame cost
+more than the encoding itself; and it does all of that every 20 ms while the agent is silent
+too. Handed an `av.Packet`, it only packetizes it. So the track encodes here, on the loop
+(PyAV's encoder holds the GIL, so the executor's thread bought no parallelism): 16 kHz mono,
+the pipeline's own rate, at 32 kbit/s, which Opus's wideband speech needs and no more; and
+once the agent has been quiet for a few frames it repeats the encoder's own packet for
+digital silence instead of encoding silence again (docs/performance.md, "WebRTC calls").
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ class OpusVoice:
         codec.options = {"application": "voip"}
         self._codec = codec
         self._sample_rate = sample_rate
-        self._quiet = SETTLE_FRAMES  # no speech yet: nothing to fade out
+        # A new encoder's first packets differ from its steady silence: the call's first
+        # frames go through it like the fade-out after speech.
+        self._quiet = 0
         self._silence: bytes | None = None
         self.encoded = 0  # frames that went through the encoder (the rest were the silence packet)
 
