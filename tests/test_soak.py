@@ -94,7 +94,7 @@ async def settle(server: VoiceServer) -> None:
     gc.collect()
     async with asyncio.timeout(20):
         await asyncio.gather(*(p.finished.wait() for p in list(server.pipelines.values())))
-        handlers = list(server._server.handlers.values())
+        handlers = [t for t in asyncio.all_tasks() if task_name(t) in CONNECTION_HANDLERS]
         if handlers:
             await asyncio.wait(handlers)
         # The callers' side too: a closed client connection's tasks end a moment later.
@@ -105,6 +105,9 @@ async def settle(server: VoiceServer) -> None:
 
 
 TRANSIENT = ("Connection", "aclose")
+# The task that serves a connection: websockets 16 wraps the server's handler in its own
+# coroutine, 17 runs the handler itself as the task.
+CONNECTION_HANDLERS = ("Server.conn_handler", "VoiceServer._handler")
 
 
 def executor_threads() -> int:
