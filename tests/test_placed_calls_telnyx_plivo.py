@@ -15,8 +15,9 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
+from secrets import token_hex
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 import pytest
@@ -37,6 +38,7 @@ from tests.test_carrier_calls_telnyx_plivo import (
 )
 from tests.test_sip_calls import spoken_ulaw
 from voice_agent.server.app import VoiceServer
+from voice_agent.server.plivo_rest import v3_signature
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -163,9 +165,28 @@ async def telnyx_webhook(
         return await http.post(on_control_port(server, url), content=body, headers=headers)
 
 
-async def plivo_post(server: VoiceServer, url: str, form: dict[str, str]) -> httpx.Response:
+def plivo_signed(method: str, url: str, params: dict[str, str], token: str) -> dict[str, str]:
+    """Plivo's V3 signature headers for a request to `url` (as Plivo was given it)."""
+    nonce = token_hex(10)
+    signature = v3_signature(token, method, url, params, nonce)
+    return {"X-Plivo-Signature-V3": signature, "X-Plivo-Signature-V3-Nonce": nonce}
+
+
+async def plivo_post(
+    server: VoiceServer, url: str, form: dict[str, str], *, token: str = PLIVO_TOKEN
+) -> httpx.Response:
+    """A Plivo callback: a form post, signed (V3) with the account's auth token."""
+    headers = plivo_signed("POST", url, form, token)
     async with httpx.AsyncClient() as http:
-        return await http.post(on_control_port(server, url), data=form)
+        return await http.post(on_control_port(server, url), data=form, headers=headers)
+
+
+async def plivo_get(server: VoiceServer, url: str, params: dict[str, str]) -> httpx.Response:
+    """Plivo fetching a GET callback (the answer URL): its call parameters added to the query."""
+    full = f"{url}&{urlencode(params)}"
+    headers = plivo_signed("GET", full, {}, PLIVO_TOKEN)
+    async with httpx.AsyncClient() as http:
+        return await http.get(on_control_port(server, full), headers=headers)
 
 
 def stream_base(server: VoiceServer, stream_url: str, path: str) -> tuple[str, str]:
@@ -226,8 +247,7 @@ async def plivo_person(server: VoiceServer, carriers: CarrierCalls) -> None:
     assert created["from"] == "+13125550101" and created["to"] == "+13125550124"
     assert "machine_detection" not in created  # the booking agent has no answering_machine
     assert created["answer_method"] == "GET"
-    async with httpx.AsyncClient() as http:
-        answer = await http.get(on_control_port(server, created["answer_url"]) + "&CallUUID=abc")
+    answer = await plivo_get(server, created["answer_url"], {"CallUUID": "abc"})
     assert answer.status_code == 200
     (stream_url,) = re.findall(r">(wss://[^<]+)</Stream>", answer.text)
     assert 'bidirectional="true"' in answer.text
@@ -262,7 +282,13 @@ async def test_busy_lines_and_a_refused_number_end_their_records(
     plivo = await place(server, {"to": "+13125550126", "via": "plivo"})
     created = await asyncio.wait_for(carriers.created["plivo"].get(), 10)
     form = {"CallUUID": "x", "CallStatus": "busy", "HangupCause": "Busy Line"}
-    await plivo_post(server, created["hangup_url"], form)
+    # Signed with another token, or not at all: not Plivo's, refused, and nothing changes.
+    forged = await plivo_post(server, created["hangup_url"], form, token="not-the-token")
+    assert forged.status_code == 403
+    async with httpx.AsyncClient() as http:
+        unsigned = await http.post(on_control_port(server, created["hangup_url"]), data=form)
+    assert unsigned.status_code == 403
+    assert (await plivo_post(server, created["hangup_url"], form)).status_code == 200
     bad = await place(server, {"to": BAD_NUMBER, "via": "telnyx"})
     calls = [await record_when_ended(server, call_id) for call_id in (telnyx, plivo, bad)]
     assert [(c["transport"], c["outcome"]) for c in calls] == [

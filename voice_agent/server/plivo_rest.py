@@ -29,14 +29,19 @@ answer is Plivo XML starting a bidirectional `<Stream>` to `/plivo?placed_call=<
 timeout, failed, cancel, completed) and `HangupCause` end a call that never streamed; the
 machine detection post's `Machine` (true / false) is the carrier's verdict (Plivo says
 machine or not, not when its greeting ends: the server's own detector listens for the beep).
-Plivo's callbacks are checked by the key in their URL (Plivo's V3 signature is not checked).
+Plivo's callbacks are checked by the key in their URL, then by Plivo's V3 signature
+(`X-Plivo-Signature-V3` over the URL, its parameters and `X-Plivo-Signature-V3-Nonce`, an
+HMAC-SHA256 under the auth token; `v3_signature`): Plivo signs every voice callback, and one
+unsigned or signed otherwise is refused (403) and changes nothing.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import http
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 from xml.sax.saxutils import escape
@@ -46,7 +51,7 @@ from websockets.http11 import Response
 
 from voice_agent.runtime.call_control import DESTINATION, CallTransfer
 from voice_agent.server.auth import PLIVO_DIAL_PATH
-from voice_agent.server.carrier_dialer import Callback, Reply
+from voice_agent.server.carrier_dialer import Callback, CallbackRefused, Reply
 from voice_agent.server.carrier_rest import (
     TIMEOUT_S,
     is_sip,
@@ -75,6 +80,7 @@ __all__ = [
     "dial_signature",
     "dial_xml",
     "error_said",
+    "v3_signature",
 ]
 
 DEFAULT_API_URL = "https://api.plivo.com"
@@ -90,6 +96,39 @@ def dial_signature(key: bytes, call_uuid: str, target: str) -> str:
     # A target never holds a newline (DESTINATION), so no two (call, target) pairs sign alike.
     message = f"{call_uuid}\n{target}".encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def _sorted_query(query: Mapping[str, list[str]]) -> str:
+    return "&".join(f"{key}={value}" for key in sorted(query) for value in sorted(query[key]))
+
+
+def v3_signature(
+    auth_token: str, method: str, url: str, params: Mapping[str, str], nonce: str
+) -> str:
+    """Plivo's V3 signature of a request to `url` (as Plivo was given it) with `params` (a
+    POST's form, or the query parameters Plivo adds to a GET), base64.
+
+    What is signed, then `.` and the nonce: the URL without its query; for a GET, `?` and
+    every query parameter (the URL's and Plivo's) as `key=value`, sorted, joined by `&`; for
+    a POST, `?` and the URL's own query so sorted (the `?` also when the query is empty but
+    the form is not), `.` when there are both, and the form's parameters as `keyvalue`,
+    sorted, run together.
+    """
+    parts = urlsplit(url)
+    text = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if method.upper() == "GET":
+        joined = _sorted_query({key: [value] for key, value in params.items()} | query)
+        text += f"?{joined}" if joined else ""
+    else:
+        joined = _sorted_query(query)
+        if joined or params:
+            text += f"?{joined}"
+        if joined and params:
+            text += "."
+        text += "".join(f"{key}{params[key]}" for key in sorted(params))
+    digest = hmac.new(auth_token.encode(), f"{text}.{nonce}".encode(), hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")
 
 
 def dial_xml(target: str) -> str:
@@ -155,6 +194,9 @@ class PlivoRest:
         self._auth_token = auth_token
         self.api_url = api_url.rstrip("/")
         self.dial_key = dial_key(auth_token)
+
+    def v3_signature(self, method: str, url: str, params: Mapping[str, str], nonce: str) -> str:
+        return v3_signature(self._auth_token, method, url, params, nonce)
 
     def dial_url(self, public_url: str, call_uuid: str, target: str) -> str:
         """Where Plivo fetches the XML handing `call_uuid` to `target` (see the docstring)."""
@@ -276,6 +318,18 @@ class PlivoPlacer:
 
     def read_callback(self, call: PlacedCall, callback: Callback, stream_url: str) -> Reply:
         form = dict(callback.form)
+        self._check_signature(callback)
         if form.get("step") == ANSWER_STEP:
             return Reply(200, stream_xml(stream_url), "application/xml", Answered())
         return Reply(200, "", status=parse_callback(form))
+
+    def _check_signature(self, callback: Callback) -> None:
+        headers = {key.lower(): value for key, value in callback.headers.items()}
+        nonce = headers.get("x-plivo-signature-v3-nonce", "")
+        # Plivo signs once per auth token the account has in force, comma-separated.
+        given = [part.strip() for part in headers.get("x-plivo-signature-v3", "").split(",")]
+        if nonce:
+            expected = self.rest.v3_signature(callback.method, callback.url, callback.form, nonce)
+            if any(hmac.compare_digest(expected, part) for part in given if part):
+                return
+        raise CallbackRefused("the callback's X-Plivo-Signature-V3 is not Plivo's")
