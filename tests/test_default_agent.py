@@ -88,3 +88,20 @@ def test_no_match_and_no_input_have_fallbacks(
         "Sorry, I didn't catch that. I can book, change or cancel a table.",
         "Are you still there? I can book, change or cancel a table.",
     ]
+
+
+def test_a_caller_who_answers_each_question_plainly_gets_booked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A name said alone answers "What name should I put the booking under?", and "yes all
+    correct" to "Shall I book it?" books the table, though "all" alone would be a goodbye."""
+    lines = "book a table for four on friday at eight pm\nmaria garcia\n07700 900123\n"
+    said = chat(lines + "yes all correct\nno thanks\n", capsys, tmp_path)
+    assert said[1:3] == [
+        "What name should I put the booking under?",
+        "And what's a good phone number to reach you?",
+    ]
+    assert said[3].endswith("under the name Maria Garcia. Shall I book it?")
+    assert said[4].startswith("You're booked!")
+    assert said[-1] == "Thanks for calling Bella Vista. Goodbye!"
+    assert ("Maria Garcia", 4, "20:00", 0) in bookings()

@@ -354,3 +354,17 @@ def test_bad_specs_raise_config_errors() -> None:
         ParameterSpec("x", "enum")
     with pytest.raises(ConfigError):
         extract_parameters("outside", [ParameterSpec("x", "enum", "nope")], now=NOW)
+
+
+def test_a_bare_name_answers_the_prompt_it_was_asked_for() -> None:
+    """A form asking for a name and a phone takes "john smith" alone as the name only when
+    the name is what the agent just prompted for; a greeting or a goodbye is never a name."""
+    form = [ParameterSpec("name", "name"), ParameterSpec("phone", "phone")]
+    assert extract_parameters("john smith", form, now=NOW) == {}
+    assert extract_parameters("john smith", form, now=NOW, prompted="name") == {
+        "name": "John Smith"
+    }
+    assert extract_parameters("uh ada please", form, now=NOW, prompted="name") == {"name": "Ada"}
+    assert extract_parameters("john smith", form, now=NOW, prompted="phone") == {}
+    for said in ("goodbye", "hello", "never mind", "i don't know", "book a table"):
+        assert extract_parameters(said, form, now=NOW, prompted="name") == {}, said

@@ -128,6 +128,9 @@ class FlowConfig(_Strict):
     on_error: HandlerConfig = HandlerConfig(say="Sorry, something went wrong on my side.")
     events: dict[str, HandlerConfig] = Field(default_factory=dict)
     match_threshold: float = Field(default=0.6, ge=0, le=1)
+    # An intent the current page's routes expect beats a flow-wide one that scored at most
+    # this much higher (voice_agent.brains.flows.flow, FlowBrain._answering).
+    page_intent_margin: float = Field(default=0.05, ge=0, le=1)
 
     @model_validator(mode="after")
     def _pages_exist(self) -> FlowConfig:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from voice_agent.brains.flows.intents import IntentMatch, IntentSpec
+from voice_agent.brains.flows.intents import IntentMatch, IntentSpec, MatchResult
 from voice_agent.brains.flows.parameters import (
     EntitySpec,
     ParameterSpec,
@@ -155,12 +155,14 @@ class FlowBrain:
         start_page: str,
         routes: tuple[Route, ...],
         handlers: dict[str, Route],
+        page_intent_margin: float = 0.05,
     ) -> None:
         self.agent_name = agent.name
         self.pages = pages
         self.start_page = start_page
         self.routes = routes
         self.handlers = handlers
+        self.page_intent_margin = page_intent_margin
         self.entities = agent.matcher.entities if agent.matcher else {}
 
     # ---- compiling ---------------------------------------------------------------------
@@ -255,7 +257,7 @@ class FlowBrain:
                     key=f"{key}.events.{name}",
                 )
             handlers[name] = route(handler, f"{key}.events.{name}")
-        return cls(agent, pages, flow.start_page, flow_routes, handlers)
+        return cls(agent, pages, flow.start_page, flow_routes, handlers, flow.page_intent_margin)
 
     # ---- running -----------------------------------------------------------------------
 
@@ -293,7 +295,7 @@ class FlowBrain:
         now = session.now()
         assert session.agent.matcher is not None
         result = session.agent.matcher.match(text, now=now)
-        best = result.best
+        best = self._answering(page, result)
         session.audit.add(
             "intent_match",
             text=text,
@@ -305,7 +307,12 @@ class FlowBrain:
         unset = [f for f in page.form if session.state.get(f.spec.name) is None]
         if unset:
             specs = [f.spec for f in unset]
-            filled = extract_parameters(text, specs, now=now, entities=self.entities)
+            # The caller is answering the prompt the agent last said: the first one missing.
+            asked = self._missing(page, session.state)
+            prompted = asked[0].spec.name if asked else None
+            filled = extract_parameters(
+                text, specs, now=now, entities=self.entities, prompted=prompted
+            )
             if best is not None:
                 for field_ in unset:
                     if field_.spec.name in best.parameters and field_.spec.name not in filled:
@@ -325,6 +332,24 @@ class FlowBrain:
         if missing and self._page(session) is page:
             async for item in session.say(render(missing[0].prompt, session.state)):
                 yield item
+
+    def _answering(self, page: Page, result: MatchResult) -> IntentMatch | None:
+        """The intent the turn goes by: the best match, unless the page's own routes expect
+        another that scored within `page_intent_margin` of it. On such a near tie the page's
+        question is the likelier meaning ("yes all correct" to "Shall I book it?" scores as
+        goodbye 0.69 and confirm 0.68), and a flow-wide intent may end the call. A yes or no
+        alone does not decide it: "yeah what time do you close" is a question, not a yes."""
+        best = result.best
+        expected = {route.intent for route in page.routes if route.intent is not None}
+        if best is None or best.intent in expected:
+            return best
+        for match in result.matches:
+            if (
+                match.intent in expected
+                and match.confidence >= best.confidence - self.page_intent_margin
+            ):
+                return match
+        return best
 
     def _refs(self, session: CallSession, best: IntentMatch | None, page: Page) -> dict[str, Any]:
         refs: dict[str, Any] = {

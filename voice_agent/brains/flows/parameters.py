@@ -291,7 +291,7 @@ _NOT_NAME = frozenset(
     wanted wanting was we well were what when where whether which while who whole whom why
     will wish with without would wrong yeah yep yes yet you your yours booking book booked
     bookings dinner breakfast table afternoon week weekend hour hours party guests guest both
-    place places somewhere anywhere nowhere side ringing regarding
+    place places somewhere anywhere nowhere side ringing regarding goodbye bye cheers mind
     """.split()
 )
 _FILLERS = frozenset({"uh", "um", "umm", "uhm", "er", "erm", "ah", "hmm", "hm", "mm", "eh"})
@@ -1177,6 +1177,7 @@ def extract_spans(
     *,
     now: datetime,
     entities: Mapping[str, EntitySpec] | None = None,
+    prompted: str | None = None,
 ) -> dict[str, Extracted]:
     """Like `extract_parameters`, with each value's character span in `normalise(text)`.
 
@@ -1184,7 +1185,9 @@ def extract_spans(
     yes/no, name, then numbers, so the 7 of "at seven" or of a phone number is never a
     party size. Times and phone numbers are taken out before numbers even when no parameter
     asks for them. A bare hour ("seven", no "at", am/pm or minutes) is a time only when a
-    time is asked for and no number or digits are.
+    time is asked for and no number or digits are. A bare name ("john smith", no "my name
+    is") is a name only when it is the one parameter asked for, or the one the agent has just
+    prompted for (`prompted`: a form's answer to "What name should I put it under?").
     """
     a = _Analysis(text, now)
     entities = entities or {}
@@ -1228,7 +1231,7 @@ def extract_spans(
             if answer is not None:
                 put(spec.name, answer[2], answer[0], answer[1])
         elif kind == "name":
-            name = _name_find(a, allow_bare=len(specs) == 1)
+            name = _name_find(a, allow_bare=len(specs) == 1 or spec.name == prompted)
             if name is not None:
                 put(spec.name, name[2], name[0], name[1])
         elif kind in ("number", "integer"):
@@ -1270,13 +1273,14 @@ def extract_parameters(
     *,
     now: datetime,
     entities: Mapping[str, EntitySpec] | None = None,
+    prompted: str | None = None,
 ) -> dict[str, Any]:
     """The values of `specs` found in `text` (spoken or typed); a parameter not found is
     absent from the result. Values: number -> int or float, integer -> int, digits/phone ->
     str of digits, date -> "YYYY-MM-DD", time -> "HH:MM", datetime -> "YYYY-MM-DDTHH:MM",
     enum -> canonical value, yes_no -> bool, name -> title-cased str, text -> the utterance.
     See `extract_spans` for the order types are taken in and `_resolve` for the am/pm rule."""
-    found = extract_spans(text, specs, now=now, entities=entities)
+    found = extract_spans(text, specs, now=now, entities=entities, prompted=prompted)
     return {name: extracted.value for name, extracted in found.items()}
 
 
