@@ -447,7 +447,7 @@ async def test_path_traversal_never_reaches_a_file(
     response = await raw_http(target.port, request_bytes(path, headers))
     if not path.isascii() and response.status is None:
         # websockets 17 reads no request line that is not ASCII (16 passed it on with
-        # surrogate escapes, and the server answered 404): closed without a word, as for
+        # surrogate escapes, and the server answered 400): closed without a word, as for
         # any request it cannot parse.
         assert response.raw == b""
         await assert_still_serving(target)
