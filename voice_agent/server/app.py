@@ -1,7 +1,8 @@
 """The voice server: one asyncio process, HTTP and WebSocket on one port (the `websockets` server).
 
-HTTP: /healthz, /calls, /calls/{id}, /agents, the browser call page (/ and /static/) and the
-XML Plivo fetches for a transfer (/plivo/dial, server/plivo_rest.py).
+HTTP: /healthz, /metrics, /calls, /calls/{id}, /agents, the browser call page (/ and /static/)
+and the XML Plivo fetches for a transfer (/plivo/dial), answered by server/http_routes.py once
+access and call admission (here) have let the request through.
 WebSocket: /twilio (Twilio Media Streams), /ws (native), /rtc (WebRTC signalling), /asterisk
 (Asterisk chan_websocket) and the carriers' streams /telnyx, /plivo, /vonage, /exotel and
 /jambonz (server/carriers.py). SIP and AudioSocket have listeners of their own (server/sip.py,
@@ -13,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
-import json
 import logging
 import os
 import signal
-import threading
 import time
 import uuid
 import weakref
@@ -25,14 +24,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from voice_agent import __version__
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSettings, split_host_port
 from voice_agent.engines.stt import SttConfig, make_stt
@@ -77,15 +73,14 @@ from voice_agent.server.carriers import (
 )
 from voice_agent.server.control_api import CallRequest, ControlApi, NoWayOut, RateLimit
 from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
+from voice_agent.server.http_routes import answer_http, json_response
 from voice_agent.server.media_socket import MediaConnection
-from voice_agent.server.pages import calls_view_response, static_response
 from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
 from voice_agent.server.placed_calls import PlacedCall, Via
-from voice_agent.server.plivo_rest import PLIVO_DIAL_PATH, PlivoPlacer, dial_response
+from voice_agent.server.plivo_rest import PlivoPlacer
 from voice_agent.server.recording import (
     FORMATS,
     CallRecorder,
-    find_recording,
     prune_recordings,
     recording_format,
     recordings_dir,
@@ -93,7 +88,6 @@ from voice_agent.server.recording import (
 from voice_agent.server.sip import SipGateway
 from voice_agent.server.telnyx_rest import TelnyxPlacer
 from voice_agent.server.twilio_rest import TwilioPlacer, TwilioRest
-from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 from voice_agent.server.webrtc import RtcGateway
 from voice_agent.server.workers import SUPERVISOR_PID_ENV
 from voice_agent.store import CallStore as DurableStore
@@ -102,12 +96,6 @@ from voice_agent.transports import asterisk_ws, native, twilio
 from voice_agent.transports.errors import close_reason
 
 log = logging.getLogger("voice_agent.server")
-
-
-def _json(status: http.HTTPStatus, body: Any) -> Response:
-    data = json.dumps(body, ensure_ascii=False, default=str).encode()
-    headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
-    return Response(status.value, status.phrase, headers, data)
 
 
 # The WebSocket paths that carry a call: admission applies, and messages are held until the
@@ -646,17 +634,6 @@ class VoiceServer:
 
     # ---- HTTP and WebSocket --------------------------------------------------------------
 
-    def _agents(self) -> dict[str, Any]:
-        return {
-            "default": self.registry.loaded.config.default_agent,
-            "agents": [
-                {"name": name, "description": agent.config.description}
-                for name, agent in self.registry.agents.items()
-            ],
-            "webrtc": WEBRTC_AVAILABLE,
-            "ice_servers": self.rtc.ice_servers(),
-        }
-
     async def _prune_recordings(self, days: float) -> None:
         """Recordings follow the call records' retention (the store prunes those itself)."""
         while True:
@@ -665,43 +642,6 @@ class VoiceServer:
             except OSError as exc:
                 log.warning("pruning recordings failed: %s", exc)
             await asyncio.sleep(3600)
-
-    async def _recording(self, call_id: str) -> Response:
-        # Found by listing the recordings folder, never by a path built from the request.
-        found = await asyncio.to_thread(find_recording, recordings_dir(self.data_dir), call_id)
-        if found is None:
-            return _json(http.HTTPStatus.NOT_FOUND, {"error": "no recording of that call"})
-        path, format_name = found
-        body = await asyncio.to_thread(path.read_bytes)
-        headers = Headers(
-            [
-                ("Content-Type", FORMATS[format_name].media_type),
-                ("Content-Length", str(len(body))),
-                ("Content-Disposition", f'inline; filename="{path.name}"'),
-            ]
-        )
-        return Response(http.HTTPStatus.OK.value, "OK", headers, body)
-
-    async def _list_calls(self, request: Request) -> Response:
-        query = parse_qs(urlsplit(request.path).query)
-
-        def one(name: str) -> str | None:
-            values = query.get(name)
-            return values[0] if values else None
-
-        try:
-            page = await self.store.list_calls(
-                limit=int(one("limit") or 50),
-                offset=int(one("offset") or 0),
-                agent=one("agent"),
-                outcome=one("outcome"),
-                since=one("since"),
-                until=one("until"),
-                text=one("text") or one("q"),
-            )
-        except ValueError as exc:
-            return _json(http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-        return _json(http.HTTPStatus.OK, page)
 
     def refuse_call(self, where: str) -> str | None:
         """Admission for a call arriving on `where`: why it is refused, or None to take it."""
@@ -732,7 +672,9 @@ class VoiceServer:
     ) -> Response | None:
         if not request.path.isascii():
             # websockets hands raw bytes on as surrogates; nothing below could encode them.
-            return _json(http.HTTPStatus.BAD_REQUEST, {"error": "the request target must be ASCII"})
+            return json_response(
+                http.HTTPStatus.BAD_REQUEST, {"error": "the request target must be ASCII"}
+            )
         path = request.path.split("?", 1)[0]
         peer = connection.remote_address[0] if connection.remote_address else None
         trusted = self.registry.loaded.config.server.trusted_proxies
@@ -765,54 +707,7 @@ class VoiceServer:
             elif path != "/rtc" and isinstance(connection, MediaConnection):
                 connection.hold_messages(WEBSOCKET_MAX_SIZE)
             return None  # the WebSocket handshake goes on
-        if path == PLIVO_DIAL_PATH:
-            plivo = self.carrier_apis.plivo
-            return dial_response(request.path, plivo.dial_key if plivo is not None else None)
-        if path == "/healthz":
-            # 503 while draining: a balancer's health check (HAProxy's httpchk) takes the
-            # host out of rotation; the body says why, and how long the live calls have left.
-            draining = self.drain_state.status(time.monotonic(), self.live.live_count())
-            return _json(
-                http.HTTPStatus.SERVICE_UNAVAILABLE
-                if self.drain_state.draining
-                else http.HTTPStatus.OK,
-                {
-                    **draining,
-                    "version": __version__,
-                    "webrtc_peers": len(self.rtc.peers),
-                    "worker": self.worker_id,
-                    "pid": os.getpid(),
-                    "loop_lag_ms": round(self.loop_lag_ms, 1),
-                    "loop_lag_max_ms": round(self.loop_lag_max_ms, 1),
-                    "refused_calls": self.refused_calls,
-                    # For leak soaks: these return to their idle values between calls.
-                    "asyncio_tasks": len(asyncio.all_tasks()),
-                    "threads": threading.active_count(),
-                },
-            )
-        if path == "/metrics":
-            shared = self.shared_metrics
-            body, content_type = shared.render() if shared is not None else self.metrics.render()
-            headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body)))])
-            return Response(http.HTTPStatus.OK.value, "OK", headers, body)
-        if path == "/agents":
-            return _json(http.HTTPStatus.OK, self._agents())
-        viewer = calls_view_response(path)
-        if viewer is not None:
-            return viewer
-        if path == "/calls":
-            return await self._list_calls(request)
-        if path.startswith("/calls/") and path.endswith("/recording"):
-            return await self._recording(path[len("/calls/") : -len("/recording")])
-        if path.startswith("/calls/"):
-            call = await self.store.get(path[len("/calls/") :])
-            if call is None:
-                return _json(http.HTTPStatus.NOT_FOUND, {"error": "no such call"})
-            return _json(http.HTTPStatus.OK, call)
-        page = static_response(path)
-        if page is not None:
-            return page
-        return _json(http.HTTPStatus.NOT_FOUND, {"error": f"nothing at {path}"})
+        return await answer_http(self, path, request)
 
     async def _handler(self, ws: ServerConnection) -> None:
         refused = self._refusals.pop(ws, None)
