@@ -287,7 +287,14 @@ async def test_busy_lines_and_a_refused_number_end_their_records(
     assert forged.status_code == 403
     async with httpx.AsyncClient() as http:
         unsigned = await http.post(on_control_port(server, created["hangup_url"]), data=form)
-    assert unsigned.status_code == 403
+        odd = [
+            (b"X-Plivo-Signature-V3", "\xe9t\xe9".encode("latin-1")),
+            (b"X-Plivo-Signature-V3-Nonce", b"1"),
+        ]
+        garbled = await http.post(
+            on_control_port(server, created["hangup_url"]), data=form, headers=odd
+        )
+    assert unsigned.status_code == 403 and garbled.status_code == 403
     assert (await plivo_post(server, created["hangup_url"], form)).status_code == 200
     bad = await place(server, {"to": BAD_NUMBER, "via": "telnyx"})
     calls = [await record_when_ended(server, call_id) for call_id in (telnyx, plivo, bad)]

@@ -330,6 +330,8 @@ class PlivoPlacer:
         given = [part.strip() for part in headers.get("x-plivo-signature-v3", "").split(",")]
         if nonce:
             expected = self.rest.v3_signature(callback.method, callback.url, callback.form, nonce)
-            if any(hmac.compare_digest(expected, part) for part in given if part):
-                return
+            known = expected.encode("ascii")
+            for part in given:
+                if part and hmac.compare_digest(known, part.encode("utf-8", "surrogatepass")):
+                    return
         raise CallbackRefused("the callback's X-Plivo-Signature-V3 is not Plivo's")
