@@ -86,3 +86,20 @@ async def test_code_can_use_the_flow_matcher_on_the_last_utterance(
     tool_message = next(m for m in llm.requests[1]["messages"] if m["role"] == "tool")
     result = json.loads(tool_message["content"])
     assert result["intent"] == "cancel_booking"
+
+
+async def test_closing_the_registry_closes_the_playbooks_llm_connections(
+    llm: OpenAIStandIn,
+) -> None:
+    """A playbook's LLM client, made on its first turn, holds a pool of HTTP connections:
+    closing the registry (the server's shutdown, the CLI's exit) closes it."""
+    registry = AgentRegistry.from_file(CONFIG)
+    session = CallSession(registry, agent="concierge")
+    await speech(session.start())
+    llm.script(Reply(text="We're open from noon."))
+    await speech(session.user_turn("when are you open"))
+    brain = registry.agents["concierge"].brain
+    client = brain.llm._client  # type: ignore[attr-defined]
+    assert not client.is_closed()
+    await registry.aclose()
+    assert client.is_closed()

@@ -51,6 +51,12 @@ class PlaybookBrain:
             )
         return self._llm
 
+    async def aclose(self) -> None:
+        """Close the LLM client's HTTP connections, if a turn ever made the client."""
+        if self._llm is not None:
+            await self._llm.aclose()
+            self._llm = None
+
     async def enter(self, session: CallSession, outcome: StepOutcome) -> AsyncIterator[AgentEvent]:
         first_message = session.agent.config.first_message
         if first_message and not outcome.responded:

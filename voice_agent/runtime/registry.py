@@ -185,6 +185,8 @@ class AgentRegistry:
         for agent in self.agents.values():
             for tool in agent.remote_tools.values():
                 await tool.aclose()
+            if isinstance(agent.brain, PlaybookBrain):
+                await agent.brain.aclose()  # its LLM client's connections
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     # ---- compiling ---------------------------------------------------------------------
