@@ -105,3 +105,15 @@ def test_a_caller_who_answers_each_question_plainly_gets_booked(
     assert said[4].startswith("You're booked!")
     assert said[-1] == "Thanks for calling Bella Vista. Goodbye!"
     assert ("Maria Garcia", 4, "20:00", 0) in bookings()
+
+
+def test_a_yes_that_sounds_like_a_goodbye_books_and_does_not_hang_up(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The words "that's everything" alone are a goodbye; with a yes, to "Shall I book it?",
+    they are the caller's confirmation."""
+    lines = "book a table for two on saturday at six pm\nmy name is lee\n07700 900456\n"
+    said = chat(lines + "yes that's everything\n/end\n", capsys, tmp_path)
+    assert said[3].endswith("Shall I book it?")
+    assert said[4].startswith("You're booked!")
+    assert ("Lee", 2, "18:00", 0) in bookings()

@@ -334,20 +334,29 @@ class FlowBrain:
                 yield item
 
     def _answering(self, page: Page, result: MatchResult) -> IntentMatch | None:
-        """The intent the turn goes by: the best match, unless the page's own routes expect
-        another that scored within `page_intent_margin` of it. On such a near tie the page's
-        question is the likelier meaning ("yes all correct" to "Shall I book it?" scores as
-        goodbye 0.69 and confirm 0.68), and a flow-wide intent may end the call. A yes or no
-        alone does not decide it: "yeah what time do you close" is a question, not a yes."""
+        """The intent the turn goes by: the best match, unless one the page's own routes
+        expect also matched and the caller is answering the page's question with it.
+
+        That is so on a near tie, within `page_intent_margin` ("yes all correct" to "Shall I
+        book it?" scores goodbye 0.69, confirm 0.68), and when the best would end the call
+        but the page's match holds the caller's yes or no ("yes that's everything": goodbye
+        0.93, confirm 0.79 with its yes): a caller who answered the question is not hung up
+        on. A yes alone does not outweigh another question ("yeah what time do you close"
+        stays one about opening hours)."""
         best = result.best
         expected = {route.intent for route in page.routes if route.intent is not None}
         if best is None or best.intent in expected:
             return best
+        ends_call = any(
+            route.intent == best.intent and (route.end_call or route.transfer is not None)
+            for route in self.routes
+        )
         for match in result.matches:
-            if (
-                match.intent in expected
-                and match.confidence >= best.confidence - self.page_intent_margin
-            ):
+            if match.intent not in expected:
+                continue
+            near = match.confidence >= best.confidence - self.page_intent_margin
+            answers = any(isinstance(value, bool) for value in match.parameters.values())
+            if near or (ends_call and answers):
                 return match
         return best
 
