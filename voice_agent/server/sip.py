@@ -49,8 +49,10 @@ TRANSFER_WAIT_S = 45.0
 # The agent's goodbye, heard (sent and DEFAULT_HEARD_DELAY_MS later), still plays from the
 # phone's jitter buffer (baresip's holds up to 200 ms, more when its machine is busy): the BYE
 # goes this much later. At 400 ms baresip's recording lost the last word when the suite ran
-# on both cores; a phone that is hung up on clips what it still holds.
-BYE_AFTER_LAST_AUDIO_MS = 700.0
+# on both cores, and at 700 ms once more (2026-12-02, the whole suite on two workers); a phone
+# that is hung up on clips what it still holds, and a second of quiet before the line drops
+# is what a caller expects after a goodbye anyway.
+BYE_AFTER_LAST_AUDIO_MS = 1000.0
 
 
 @dataclass(frozen=True)
