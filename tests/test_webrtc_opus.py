@@ -3,7 +3,6 @@ its silence costs no encoding, and the packets keep RTP time."""
 
 from __future__ import annotations
 
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 
 from tests.support.speech_eval import transcribe
 from voice_agent.audio.resample import resample
+from voice_agent.audio.wav import read_wav
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.stt.scoring import spoken_words
 
@@ -28,9 +28,9 @@ FRAME = RATE * 2 // 50  # 20 ms of PCM16
 
 
 def fixture(name: str) -> bytes:
-    with wave.open(str(AUDIO / f"{name}.wav")) as wav:
-        assert wav.getframerate() == RATE
-        return wav.readframes(wav.getnframes())
+    pcm, rate = read_wav(AUDIO / f"{name}.wav")
+    assert rate == RATE
+    return pcm
 
 
 def frames(pcm: bytes) -> list[bytes]:
