@@ -158,6 +158,9 @@ class NullSttStream:
     def pause(self) -> None:
         pass
 
+    async def speculation(self) -> str | None:
+        return None
+
     async def finish(self) -> Transcript:
         return Transcript("")
 

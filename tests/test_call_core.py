@@ -26,6 +26,7 @@ from voice_agent.core.call import (
     Synthesize,
     TurnMetrics,
 )
+from voice_agent.core.end_of_turn import EndOfTurnConfig
 from voice_agent.core.playback import Word
 from voice_agent.core.turns import TurnConfig, TurnDetector
 
@@ -36,7 +37,12 @@ BYTES_PER_MS = 8.0  # 8 kHz mu-law
 class Driver:
     """Plays the parts of the engines and the carrier around one CallCore."""
 
-    def __init__(self, vad_release_ms: int = 0, **interruption: Any) -> None:
+    def __init__(
+        self,
+        vad_release_ms: int = 0,
+        end_of_turn: EndOfTurnConfig | None = None,
+        **interruption: Any,
+    ) -> None:
         config = CoreConfig(
             TurnConfig(
                 min_speech_ms=100,
@@ -45,6 +51,7 @@ class Driver:
                 vad_release_ms=vad_release_ms,
             ),
             InterruptionConfig(**interruption),
+            end_of_turn=end_of_turn or EndOfTurnConfig(),
             no_input_timeout_ms=5000,
         )
         self.core = CallCore(config, bytes_per_ms=BYTES_PER_MS, sample_bytes=1)
@@ -268,29 +275,19 @@ def test_a_hum_spelt_as_letters_is_a_backchannel() -> None:
     assert of(SendAudio, final)  # the unheard rest plays again
 
 
-def test_an_unsure_reading_over_the_agent_is_a_noise_but_a_sure_one_takes_the_turn() -> None:
-    def over_the_agent(confidence: float) -> list[Action]:
-        d = Driver(min_interruption_ms=300, min_confidence_over_agent=0.47)
+def test_words_over_the_agent_take_the_turn_however_unsure_the_engine_is() -> None:
+    """Nothing a caller says in words is dropped as noise: an unsure reading is still theirs."""
+    for confidence in (0.2, 0.45, 0.9, None):
+        d = Driver(min_interruption_ms=300)
         d.core.agent_turn_started(d.now)
         d.say(1, "So that is a table for two tomorrow at seven in the evening.")
         d.play(600)
         d.frames(600, speech=True)
         d.frames(500, speech=False)
-        return d.run(d.core.stt_final("And I'm not.", d.now, confidence))
-
-    unsure = over_the_agent(0.45)  # a hum Whisper read as words
-    assert of(StartUserTurn, unsure) == [] and of(CommitReply, unsure) == []
-    assert [a.data["reason"] for a in of(Audit, unsure) if a.type == "user_utterance_dropped"] == [
-        "noise"
-    ]
-    sure = over_the_agent(0.9)
-    assert of(StartUserTurn, sure) == [StartUserTurn("And I'm not.")]
-    # With the agent silent the same unsure words are a turn: the floor is for speech over it.
-    d = Driver(min_confidence_over_agent=0.47)
-    d.frames(600, speech=True)
-    d.frames(500, speech=False)
-    alone = d.run(d.core.stt_final("And I'm not.", d.now, 0.3))
-    assert of(StartUserTurn, alone) == [StartUserTurn("And I'm not.")]
+        final = d.run(d.core.stt_final("And I'm not.", d.now, confidence))
+        assert of(StartUserTurn, final) == [StartUserTurn("And I'm not.")]
+        assert not [a for a in of(Audit, final) if a.type == "user_utterance_dropped"]
+        assert of(CommitReply, final) == [CommitReply(1, "So that is")]  # cut at 900 ms
 
 
 def test_noise_burst_stops_the_agent_then_it_resumes_from_the_cut_word() -> None:
@@ -396,22 +393,26 @@ def test_preempting_a_quiet_agent_sends_no_clear() -> None:
     assert d.run(d.core.preempt(d.now)) == []
 
 
-def test_one_stray_word_over_the_agent_is_noise_but_stop_is_not() -> None:
+def test_a_short_real_answer_over_the_agent_is_a_turn_not_noise() -> None:
+    for answer in ("no", "four", "Friday."):
+        d = Driver(min_interruption_ms=300)
+        d.core.agent_turn_started(d.now)
+        d.say(1, "Your table is booked for Friday at eight in the evening.")
+        d.play(650)
+        d.frames(400, speech=True)
+        d.frames(500, speech=False)
+        final = d.run(d.core.stt_final(answer, d.now))
+        assert of(StartUserTurn, final) == [StartUserTurn(answer)], answer
+        assert not [a for a in of(Audit, final) if a.type == "false_interruption"]
+    # Said too briefly to stop the agent at once, a word still takes the turn.
     d = Driver(min_interruption_ms=300)
     d.core.agent_turn_started(d.now)
     d.say(1, "Your table is booked for Friday at eight in the evening.")
     d.play(650)
-    d.frames(400, speech=True)  # a door slam that STT reads as a word
+    assert not of(SendClear, d.frames(200, speech=True))
     d.frames(500, speech=False)
-    noise = d.run(d.core.stt_final("half", d.now))
-    assert of(StartUserTurn, noise) == []
-    assert [a.data["reason"] for a in of(Audit, noise) if a.type == "false_interruption"] == [
-        "noise"
-    ]
-    d.frames(400, speech=True)
-    d.frames(500, speech=False)
-    stop = d.run(d.core.stt_final("stop", d.now))
-    assert of(StartUserTurn, stop) == [StartUserTurn("stop")]
+    final = d.run(d.core.stt_final("no", d.now))
+    assert of(SendClear, final) and of(StartUserTurn, final) == [StartUserTurn("no")]
 
 
 def test_a_streamed_sentence_plays_from_its_first_part_and_its_mark_follows_the_last() -> None:
@@ -492,3 +493,124 @@ def test_a_sentence_cut_while_it_streams_is_wanted_only_while_it_may_resume() ->
     d.frames(500, speech=False)
     assert of(CancelAgentTurn, d.run(d.core.stt_final("no wait", d.now)))
     assert not d.core.stream_wanted(2)
+
+
+# ---- a caller's sentence split by a pause (core/continuation.py) -------------------------
+
+
+def closed_turn(d: Driver, text: str) -> list[Action]:
+    """The caller says `text`; the server ends the turn at the pause and the agent starts."""
+    d.frames(1200, speech=True)
+    d.frames(500, speech=False)  # the end-of-turn silence: the turn ends here
+    return d.run(d.core.stt_final(text, d.now))
+
+
+def test_a_sentence_continued_over_the_agents_first_words_is_one_turn() -> None:
+    for gap_ms in (300, 900, 1400):
+        d = Driver(min_interruption_ms=300)
+        first = closed_turn(d, "He might even have been.")
+        assert of(StartUserTurn, first) == [StartUserTurn("He might even have been.")]
+        end_of_turn = d.now
+        d.now += 100
+        d.say(1, "Sorry, I didn't catch that.")  # five words, 1.5 s
+        d.play(gap_ms - 100)
+        assert end_of_turn + gap_ms == d.now
+        more = d.frames(600, speech=True)
+        assert of(SendClear, more)  # the agent stops as at any barge-in
+        d.frames(500, speech=False)
+        final = d.run(d.core.stt_final("Made amiable himself.", d.now))
+        joined = "He might even have been made amiable himself."
+        assert of(StartUserTurn, final) == [StartUserTurn(joined, continues=True)], gap_ms
+        heard = " ".join("Sorry, I didn't catch that.".split()[: (gap_ms - 100 + 300) // 300])
+        assert of(CommitReply, final) == [CommitReply(1, heard or None)], gap_ms
+        (continued,) = [a for a in of(Audit, final) if a.type == "user_turn_continued"]
+        assert continued.data["added"] == "Made amiable himself."
+        assert not [a for a in of(Audit, final) if a.type == "user_utterance_dropped"]
+
+
+def test_words_while_the_agent_thinks_continue_the_turn_and_stop_its_reply() -> None:
+    d = Driver()
+    closed_turn(d, "I'd like a table for")
+    d.frames(300, speech=False)
+    d.frames(400, speech=True)
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("four people please", d.now))
+    assert of(CancelAgentTurn, final)
+    assert of(StartUserTurn, final) == [
+        StartUserTurn("I'd like a table for four people please", continues=True)
+    ]
+
+
+def test_a_backchannel_right_after_a_turn_does_not_continue_it() -> None:
+    d = Driver(min_interruption_ms=300)
+    closed_turn(d, "A table for two please.")
+    d.say(1, "Lovely, for what day would that be?")
+    d.play(400)
+    d.frames(500, speech=True, partial="uh huh")
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("uh huh", d.now))
+    assert of(StartUserTurn, final) == []
+    assert [a.data["reason"] for a in of(Audit, final)] == ["backchannel"]
+
+
+def test_an_answer_after_the_agents_whole_question_is_a_new_turn() -> None:
+    """Quick as it comes, a reply to a question heard to its end answers it."""
+    d = Driver()
+    closed_turn(d, "A table please.")
+    d.say(1, "For how many?", ms_per_word=200)  # 600 ms
+    d.run(d.core.agent_turn_done(d.now))
+    d.play(700)
+    assert not d.core.playback.playing
+    d.frames(400, speech=True)
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("four", d.now))
+    assert of(StartUserTurn, final) == [StartUserTurn("four")]
+
+
+def test_words_after_the_window_are_a_turn_of_their_own() -> None:
+    d = Driver(min_interruption_ms=300)
+    closed_turn(d, "I want to change my booking.")
+    d.say(1, "Sure. " + "What phone number is the booking under? " * 3)
+    d.play(1600)
+    d.frames(600, speech=True)
+    d.frames(500, speech=False)
+    final = d.run(d.core.stt_final("it's under smith", d.now))
+    assert of(StartUserTurn, final) == [StartUserTurn("it's under smith")]
+
+
+def test_a_transcript_waits_while_the_caller_is_already_speaking_again() -> None:
+    """The caller went on before their first words were even transcribed: no reply starts
+    for half a sentence; the two transcripts make one turn."""
+    d = Driver()
+    d.frames(1200, speech=True)
+    d.frames(500, speech=False)  # turn ends
+    d.frames(200, speech=False)
+    d.frames(200, speech=True)  # speaking again...
+    first = d.run(d.core.stt_final("My number is oh seven seven", d.now))
+    assert of(StartUserTurn, first) == []  # ...so nothing starts yet
+    d.frames(1000, speech=True)
+    d.frames(500, speech=False)
+    rest = d.run(d.core.stt_final("double four one two three.", d.now))
+    (turn,) = of(StartUserTurn, rest)
+    assert turn == StartUserTurn("My number is oh seven seven double four one two three.")
+
+
+def test_a_kept_back_transcript_is_answered_when_the_rest_was_a_cough() -> None:
+    d = Driver()
+    d.frames(1200, speech=True)
+    d.frames(500, speech=False)
+    d.frames(300, speech=True)
+    assert d.run(d.core.stt_final("Friday at eight.", d.now)) == []
+    d.frames(500, speech=False)
+    rest = d.run(d.core.stt_final("", d.now))
+    assert of(StartUserTurn, rest) == [StartUserTurn("Friday at eight.")]
+
+
+def test_a_kept_back_transcript_stays_in_the_audit_if_the_caller_hangs_up() -> None:
+    d = Driver()
+    d.frames(1200, speech=True)
+    d.frames(500, speech=False)
+    d.frames(300, speech=True)
+    d.run(d.core.stt_final("Cancel it.", d.now))
+    gone = d.run(d.core.hang_up(d.now))
+    assert [a.data for a in of(Audit, gone)] == [{"text": "Cancel it."}]

@@ -92,9 +92,17 @@ async def test_an_off_script_caller_in_the_browser(server: VoiceServer, tmp_path
 
 
 # Every word in the natural voice; in the eSpeak ones the two hums, which Whisper reads worst.
+# Three of those it reads as words ("And I'm not.", "Bye.", "And man, um..."): words are the
+# caller's turn, however unsure the reading (docs/protocol.md), so those are no backchannel to the
+# server; docs/performance.md counts how often that happens ("Words never thrown away").
+READ_AS_WORDS = {("joe", "mm-hmm"), ("joe", "right"), ("espeak", "mm-hmm")}
 LONG_BACKCHANNELS = [
-    *(("joe", word) for word in ("uh-huh", "mm-hmm", "yeah", "okay", "right")),
-    *((voice, word) for voice in ("espeak", "espeakf") for word in ("uh-huh", "mm-hmm")),
+    pair
+    for pair in [
+        *(("joe", word) for word in ("uh-huh", "mm-hmm", "yeah", "okay", "right")),
+        *((voice, word) for voice in ("espeak", "espeakf") for word in ("uh-huh", "mm-hmm")),
+    ]
+    if pair not in READ_AS_WORDS
 ]
 
 

@@ -206,6 +206,9 @@ class TurnSettings(_Strict):
     # Speech frames this many dB below the utterance's loudest end the turn like silence;
     # null: the VAD alone decides.
     quiet_db: float | None = Field(default=35.0, gt=0)
+    # Speech that begins this soon after the end of a turn, while the agent's answer has not
+    # been heard to the end, is the rest of that turn: joined to it, and the answer cut.
+    continuation_window_ms: int = Field(default=1500, ge=0, le=5000)
 
 
 class InterruptionSettings(_Strict):
@@ -226,10 +229,6 @@ class InterruptionSettings(_Strict):
         ]
     )
     resume_after_false_interruption: bool = True
-    confirm_min_words: int = Field(default=2, ge=1)
-    confirm_words: list[str] = Field(
-        default_factory=lambda: ["stop", "wait", "no", "yes", "hello", "hey", "sorry", "hold"]
-    )
 
 
 class VoiceSettings(_Strict):

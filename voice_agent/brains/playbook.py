@@ -70,6 +70,9 @@ class PlaybookBrain:
         return
         yield  # pragma: no cover - makes this an async generator
 
+    def expecting(self, session: CallSession) -> str | None:
+        return None  # what an LLM asked is in its words, not in a form
+
     async def turn(self, session: CallSession, text: str) -> AsyncIterator[AgentEvent]:
         brain = self
         for _ in range(session.agent.config.max_steps_per_turn):

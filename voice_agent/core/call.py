@@ -8,12 +8,16 @@ committed. It does no I/O: a driver runs the engines and the transport from its 
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from voice_agent.core.continuation import join_utterances
+from voice_agent.core.end_of_turn import EndOfTurnConfig, Evidence, silence_needed_ms
 from voice_agent.core.playback import Chunk, PlaybackTracker, Word, estimate_words
 from voice_agent.core.sentences import SentenceSplitter
 from voice_agent.core.turns import TurnConfig, TurnDetector
+from voice_agent.core.words import words_of
 
 DEFAULT_BACKCHANNELS = (
     "uh-huh",
@@ -30,9 +34,6 @@ DEFAULT_BACKCHANNELS = (
 # Hums and fillers as a recogniser spells them ("mm", "mhm", "hmm", "mm-m-m-m", "uh", "um",
 # "ah", "erm"): never words that take a turn, whatever the backchannel list says.
 _FILLER = re.compile(r"^(?:h?m+(?:h+m+)*|h+m+|u+[hm]*|a+h+|e+r+m*)$")
-# One word alone over the agent is more often STT's reading of a noise ("the", "half") than
-# speech; these few take the turn even alone.
-DEFAULT_CONFIRM_WORDS = ("stop", "wait", "no", "yes", "hello", "hey", "sorry", "hold", "help")
 
 
 @dataclass(frozen=True)
@@ -42,19 +43,13 @@ class InterruptionConfig:
     false_interruption_timeout_ms: int = 1500  # no words by then: the agent resumes
     backchannels: tuple[str, ...] = DEFAULT_BACKCHANNELS
     resume_after_false_interruption: bool = True
-    # Words over the agent that make an interruption real: this many, or one of confirm_words.
-    confirm_min_words: int = 2
-    confirm_words: tuple[str, ...] = DEFAULT_CONFIRM_WORDS
-    # A transcript of speech over the agent this unsure (the engine's confidence, 0-1) is taken
-    # for a noise: Whisper hears a drawn-out "mm-hmm" as "And I'm not." at 0.25-0.45, and real
-    # callers' lines at 0.48 and above (docs/protocol.md). None: every transcript counts.
-    min_confidence_over_agent: float | None = None
 
 
 @dataclass(frozen=True)
 class CoreConfig:
     turn: TurnConfig = field(default_factory=TurnConfig)
     interruption: InterruptionConfig = field(default_factory=InterruptionConfig)
+    end_of_turn: EndOfTurnConfig = field(default_factory=EndOfTurnConfig)
     no_input_timeout_ms: int | None = 8000
 
 
@@ -82,8 +77,22 @@ class FinishStt:
 
 
 @dataclass(frozen=True)
+class JudgeTurn:
+    """The caller paused: gather the evidence of whether they have finished (the acoustic
+    model's verdict on the turn's audio so far, the words so far) and hand it to
+    `CallCore.turn_judged` with this `pause_id`. Only with an end-of-turn detector."""
+
+    pause_id: int
+
+
+@dataclass(frozen=True)
 class StartUserTurn:
+    """The caller's turn, for the agent to answer. `continues`: the caller went on after a
+    pause the server took for the end of their turn, and `text` is the whole of it, both parts:
+    it replaces that turn (whose reply, if any began, was cut and committed as heard)."""
+
     text: str
+    continues: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,7 @@ Action = (
     | FeedStt
     | PauseStt
     | FinishStt
+    | JudgeTurn
     | StartUserTurn
     | CancelAgentTurn
     | Synthesize
@@ -156,11 +166,6 @@ _PAUSE_STT = PauseStt()
 _FINISH_STT = FinishStt()
 _CLEAR = SendClear()
 _CANCEL = CancelAgentTurn()
-_WORDS = re.compile(r"[a-z0-9']+")
-
-
-def words_of(text: str) -> list[str]:
-    return _WORDS.findall(text.lower().replace("-", " "))
 
 
 @dataclass
@@ -171,6 +176,26 @@ class _Reply:
     done: bool = False  # generation finished, or was cancelled
     cancelled: bool = False
     cut: bool = False  # a barge-in cut it: commit what was heard, not what was generated
+
+
+@dataclass(frozen=True)
+class _Utterance:
+    """An utterance whose turn has ended, its transcript still to come."""
+
+    start_ms: float
+    end_ms: float  # when the server took its turn to have ended
+    # It began before the agent's answer to the turn before had been heard to the end (the
+    # agent still thinking, or speaking): it may be the rest of that turn, not a reply to it.
+    over_answer: bool = False
+
+
+@dataclass(frozen=True)
+class _Closed:
+    """A turn of the caller's: its words so far and when the server took it to have ended."""
+
+    text: str
+    end_ms: float
+    continues: bool = False  # it replaces a turn the agent had already begun to answer
 
 
 @dataclass
@@ -185,6 +210,14 @@ class CallCore:
     def __init__(self, config: CoreConfig, *, bytes_per_ms: float, sample_bytes: int) -> None:
         self.config = config
         self.turns = TurnDetector(config.turn)
+        if config.end_of_turn.enabled:
+            # Until a pause's evidence says otherwise, no turn ends before the longest wait.
+            self.turns.default_silence_ms = config.end_of_turn.max_silence_ms
+            self.turns.required_silence_ms = config.end_of_turn.max_silence_ms
+        self._pause_id = 0
+        self._judging: int | None = None  # the pause whose evidence is awaited
+        # What the agent last asked for ("phone", "number", "yes_no", ...): the driver says.
+        self.expecting: str | None = None
         self.playback = PlaybackTracker(bytes_per_ms, sample_bytes)
         self._backchannel_words = frozenset(
             word for phrase in config.interruption.backchannels for word in words_of(phrase)
@@ -198,6 +231,10 @@ class CallCore:
         self._no_input_deadline: float | None = None
         self._metrics: dict[str, float | None] | None = None
         self._streaming: Chunk | None = None  # the sentence whose audio is still arriving
+        self._awaiting: deque[_Utterance] = deque()  # ended utterances, transcripts to come
+        self._answered: _Closed | None = None  # the caller's last turn, which speech may continue
+        self._held: _Closed | None = None  # a turn kept back: the caller spoke again at once
+        self._began_over_answer = False  # of the utterance under way (see _Utterance)
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -205,17 +242,6 @@ class CallCore:
         words = words_of(text)
         backchannel = self._backchannel_words
         return words, [w for w in words if w not in backchannel and not _FILLER.match(w)]
-
-    def _unsure(self, confidence: float | None) -> bool:
-        floor = self.config.interruption.min_confidence_over_agent
-        return floor is not None and confidence is not None and confidence < floor
-
-    def _confirms(self, real: list[str]) -> bool:
-        """Whether words said over the agent are an interruption rather than a noise."""
-        rules = self.config.interruption
-        return len(real) >= rules.confirm_min_words or (
-            len(real) == 1 and real[0] in rules.confirm_words
-        )
 
     def _agent_audible(self) -> bool:
         return self.playback.playing
@@ -246,6 +272,7 @@ class CallCore:
             return []
         actions: list[Action] = []
         if step.started:
+            self._began_over_answer = self.agent_busy or self.playback.playing
             self._no_input_deadline = None
             self._metrics = {"speech_start_ms": self.turns.speech_start_ms}
             actions.append(_START_STT)
@@ -253,16 +280,62 @@ class CallCore:
         actions.extend(FeedStt(f) for f in step.stt_frames)
         if step.paused:
             actions.append(_PAUSE_STT)
+            if self.config.end_of_turn.enabled:
+                self._pause_id += 1
+                self._judging = self._pause_id
+                actions.append(JudgeTurn(self._pause_id))
+        elif self._judging is not None and self.turns.silence_ms == 0:
+            self._judging = None  # the caller spoke on: that pause's evidence is moot
         # Only a frame of speech can complete a barge-in: a pause inside the utterance cannot.
         if is_speech and not self._segment_spent and self._interruption is None:
             if self._agent_audible() and self._is_barge_in(now_ms):
                 actions.extend(self._barge_in(now_ms))
         if step.ended:
-            self._segment_spent = False
-            if self._metrics is not None:
-                self._metrics["speech_end_ms"] = self.turns.speech_end_ms
-                self._metrics["end_of_turn_ms"] = now_ms
-            actions.append(_FINISH_STT)
+            actions.extend(self._turn_ended(now_ms))
+        return actions
+
+    def _turn_ended(self, now_ms: float) -> list[Action]:
+        self._segment_spent = False
+        self._judging = None
+        start = self.turns.speech_start_ms
+        began = start if start is not None else now_ms
+        self._awaiting.append(_Utterance(began, now_ms, self._began_over_answer))
+        if self._metrics is not None:
+            self._metrics["speech_end_ms"] = self.turns.speech_end_ms
+            self._metrics["end_of_turn_ms"] = now_ms
+        return [_FINISH_STT]
+
+    def turn_judged(
+        self, pause_id: int, acoustic: float | None, text: str | None, now_ms: float
+    ) -> list[Action]:
+        """The evidence JudgeTurn asked for: `acoustic`, the model's probability that the caller
+        has finished (None: no model, or it failed or was late); `text`, the words so far (None:
+        not known). Sets the silence that ends this pause's turn, and ends it now if that much
+        has passed."""
+        if pause_id != self._judging or not self.turns.in_speech:
+            return []  # the caller spoke on, or the turn has ended meanwhile
+        self._judging = None
+        verdict = silence_needed_ms(
+            Evidence(acoustic, text, self.expecting),
+            self.config.end_of_turn,
+            self.config.turn.end_of_turn_silence_ms,
+        )
+        self.turns.required_silence_ms = verdict.silence_ms
+        actions: list[Action] = [
+            Audit(
+                "turn_judged",
+                {
+                    "acoustic": None if acoustic is None else round(acoustic, 3),
+                    "text": text,
+                    "expecting": self.expecting,
+                    "silence_ms": verdict.silence_ms,
+                    "reason": verdict.reason,
+                },
+            )
+        ]
+        if self.turns.silence_ms >= verdict.silence_ms:
+            self.turns.end()
+            actions.extend(self._turn_ended(now_ms))
         return actions
 
     def _is_barge_in(self, now_ms: float) -> bool:
@@ -313,55 +386,101 @@ class CallCore:
     # ---- STT results -------------------------------------------------------------------
 
     def stt_final(self, text: str, now_ms: float, confidence: float | None = None) -> list[Action]:
-        """The utterance's transcript (and the engine's confidence in it, 0-1, if it gives one)."""
+        """The utterance's transcript (and the engine's confidence in it, 0-1, if it gives one).
+
+        Words are never thrown away: only an utterance with no words, or whose words are all
+        backchannels and hums said over the agent, is dropped; anything else is a turn, or the
+        rest of the turn before it (core/continuation.py), however short or unsure.
+        """
+        utterance = self._awaiting.popleft() if self._awaiting else _Utterance(now_ms, now_ms)
         words, real = self._real_words(text)
-        over_agent = self._interruption is not None or self._agent_audible()
-        unsure = over_agent and self._unsure(confidence)
-        if unsure:
-            real = []  # over the agent, an unsure reading is a noise, not a turn
         if self._metrics is not None:
             self._metrics["stt_final_ms"] = now_ms
         interruption, self._interruption = self._interruption, None
+        held, self._held = self._held, None
+        if held is not None:
+            # The words before the caller's pause started no reply: they waited for these.
+            actions: list[Action] = []
+            if interruption is not None:
+                actions.extend(self._commit_cut(interruption.heard))
+            if words:
+                actions.append(self._continued(held, text, utterance))
+                text = join_utterances(held.text, text)
+            else:
+                actions.append(Audit("user_utterance_dropped", {"text": text, "reason": "empty"}))
+                text = held.text
+            return [*actions, *self._take_turn(text, now_ms, utterance, held=held)]
         if interruption is not None:
-            if not self._confirms(real):
-                reason = "noise" if unsure or not words or real else "backchannel"
+            if not real:
+                reason = "backchannel" if words else "noise"
                 return [
                     Audit("user_utterance_dropped", {"text": text, "reason": reason}),
                     *self._resume(interruption, now_ms, reason),
                 ]
-            return [*self._commit_cut(interruption.heard), *self._user_turn(text, now_ms)]
-        if not words:
-            actions: list[Action] = [
-                Audit("user_utterance_dropped", {"text": text, "reason": "empty"})
+            return [
+                *self._commit_cut(interruption.heard),
+                *self._take_turn(text, now_ms, utterance),
             ]
+        if not words:
+            actions = [Audit("user_utterance_dropped", {"text": text, "reason": "empty"})]
             self._arm_no_input(now_ms)
             return actions
-        if self._agent_audible() and not self._confirms(real):
-            reason = "backchannel" if words and not real and not unsure else "noise"
-            return [Audit("user_utterance_dropped", {"text": text, "reason": reason})]
-        if self._agent_audible() or self.agent_busy:
-            # Real words too short to count as a barge-in while the agent spoke, or said while it
-            # was thinking: they still take the turn.
-            actions = []
-            if self._agent_audible():
-                actions.extend(self._barge_in(now_ms))
-                cut, self._interruption = self._interruption, None
-                assert cut is not None
-                actions.extend(self._commit_cut(cut.heard))
-            elif self.agent_busy:
-                actions.append(_CANCEL)
-                self.agent_busy = False
-                actions.extend(self._commit_cut({}))
-            return [*actions, *self._user_turn(text, now_ms)]
-        return self._user_turn(text, now_ms)
+        if self._agent_audible():
+            if not real:
+                return [Audit("user_utterance_dropped", {"text": text, "reason": "backchannel"})]
+            # Real words too short to count as a barge-in while the agent spoke: still a turn.
+            actions = self._barge_in(now_ms)
+            cut, self._interruption = self._interruption, None
+            assert cut is not None
+            actions.extend(self._commit_cut(cut.heard))
+            return [*actions, *self._take_turn(text, now_ms, utterance)]
+        if self.agent_busy:
+            # Said while the agent was thinking: the reply under way was for less than this.
+            actions = [_CANCEL]
+            self.agent_busy = False
+            actions.extend(self._commit_cut({}))
+            return [*actions, *self._take_turn(text, now_ms, utterance)]
+        return self._take_turn(text, now_ms, utterance)
 
-    def _user_turn(self, text: str, now_ms: float) -> list[Action]:
+    def _take_turn(
+        self, text: str, now_ms: float, utterance: _Utterance, held: _Closed | None = None
+    ) -> list[Action]:
+        """A transcript with words becomes the caller's turn: a new one, the rest of the one
+        before (speech that began within the continuation window of its end), or, while the
+        caller is already speaking again, nothing yet: it waits for what they are saying."""
+        window = self.config.turn.continuation_window_ms
+        before = self._answered
+        continues = held.continues if held is not None else False
+        actions: list[Action] = []
+        if (
+            held is None
+            and before is not None
+            and utterance.over_answer
+            and utterance.start_ms - before.end_ms <= window
+        ):
+            actions.append(self._continued(before, text, utterance))
+            text, continues = join_utterances(before.text, text), True
+        speaking = self.turns.speech_start_ms if self.turns.in_speech else None
+        if speaking is not None and utterance.end_ms <= speaking <= utterance.end_ms + window:
+            self._held = _Closed(text, utterance.end_ms, continues)
+            return actions
+        self._answered = _Closed(text, utterance.end_ms, continues)
+        return [*actions, *self._user_turn(text, now_ms, continues)]
+
+    @staticmethod
+    def _continued(before: _Closed, text: str, utterance: _Utterance) -> Audit:
+        gap_ms = round(utterance.start_ms - before.end_ms, 1)
+        return Audit(
+            "user_turn_continued", {"before": before.text, "added": text, "gap_ms": gap_ms}
+        )
+
+    def _user_turn(self, text: str, now_ms: float, continues: bool = False) -> list[Action]:
         self.agent_busy = True
         self._no_input_deadline = None
         if self._metrics is None:
             self._metrics = {}
         self._metrics["user_turn_ms"] = now_ms
-        return [StartUserTurn(text)]
+        return [StartUserTurn(text, continues)]
 
     def _committed_text(self, reply_id: int, heard: str) -> str | None:
         """The generated text cut to as many words as were heard.
@@ -613,6 +732,7 @@ class CallCore:
         self._no_input_deadline = None
         cut = self.playback.cut(now_ms)
         actions.extend(self._commit_cut(cut.heard))
+        actions.extend(self._unanswered())
         return actions
 
     def hang_up(self, now_ms: float) -> list[Action]:
@@ -625,4 +745,13 @@ class CallCore:
         self._streaming = None
         cut = self.playback.cut(now_ms)
         actions.extend(self._commit_cut(cut.heard))
+        actions.extend(self._unanswered())
         return actions
+
+    def _unanswered(self) -> list[Action]:
+        """A turn kept back for the caller's next words that will never come: the audit keeps
+        it, since everything the caller said is kept."""
+        held, self._held = self._held, None
+        if held is None:
+            return []
+        return [Audit("user_utterance_unanswered", {"text": held.text})]

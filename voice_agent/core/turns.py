@@ -35,6 +35,9 @@ class TurnConfig:
     # Silence after speech that STT still gets; the rest of the end-of-turn wait is held back
     # (and released only if speech resumes), since STT engines hallucinate words in silence.
     stt_tail_ms: int = 200
+    # Speech that begins this soon after a turn ended, before the agent's answer to it has been
+    # heard to the end, is the rest of that turn (core/continuation.py, docs/protocol.md).
+    continuation_window_ms: int = 1500
 
 
 @dataclass
@@ -66,6 +69,10 @@ class TurnDetector:
         self._peak = 0  # the utterance's loudest speech frame, RMS
         self._quiet_ratio = 10 ** (config.quiet_db / 20) if config.quiet_db is not None else None
         self._vad_silent = False  # the VAD has said silence since the last loud speech frame
+        # The silence that ends this pause's turn: the fixed rule unless the call core, having
+        # weighed the pause (core/end_of_turn.py), sets another; reset when speech resumes.
+        self.default_silence_ms: float = config.end_of_turn_silence_ms
+        self.required_silence_ms: float = self.default_silence_ms
 
     def feed(self, frame: bytes, is_speech: bool, now_ms: float) -> TurnStep:
         """`now_ms` is the time at the end of this frame."""
@@ -80,6 +87,7 @@ class TurnDetector:
                 return _NOTHING
             self.in_speech = True
             self._silence_run_ms = 0
+            self.required_silence_ms = self.default_silence_ms
             self._vad_silent = False
             self._peak = frame_rms(frame)
             self.speech_start_ms = now_ms - self._speech_run_ms
@@ -92,6 +100,7 @@ class TurnDetector:
                 self._silence_run_ms = 0
                 self._vad_silent = False
                 self.speech_end_ms = now_ms
+                self.required_silence_ms = self.default_silence_ms
             else:
                 self._silence_run_ms += frame_ms  # a quiet tail: the caller has stopped
             frames, self._held = [*self._held, frame], []
@@ -104,17 +113,28 @@ class TurnDetector:
                 self._silence_run_ms += max(0, self.config.vad_release_ms - self._silence_run_ms)
             self._silence_run_ms += frame_ms
             step = TurnStep()
-        if self._silence_run_ms >= self.config.end_of_turn_silence_ms:
-            self.in_speech = False
-            self._speech_run_ms = 0
-            self._held.clear()
-            return TurnStep(ended=True)
+        if self._silence_run_ms >= self.required_silence_ms:
+            return self.end()
         if is_speech:
             return step
         if self._silence_run_ms <= self.config.stt_tail_ms:
             return TurnStep(stt_frames=[frame])
         self._held.append(frame)
         return _PAUSED if len(self._held) == 1 else step
+
+    @property
+    def silence_ms(self) -> float:
+        """How long the caller has been silent inside the current utterance (0 while they
+        speak, and outside one)."""
+        return self._silence_run_ms if self.in_speech else 0.0
+
+    def end(self) -> TurnStep:
+        """The utterance's turn ends now (its silence has reached what ends it)."""
+        self.in_speech = False
+        self._speech_run_ms = 0
+        self._held.clear()
+        self.required_silence_ms = self.default_silence_ms
+        return TurnStep(ended=True)
 
     def _loud(self, frame: bytes) -> bool:
         """Whether a speech frame is within quiet_db of the utterance's loudest (and note it)."""

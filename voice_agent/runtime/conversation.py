@@ -39,6 +39,15 @@ class Conversation:
     def add_user(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
 
+    def amend_last_user(self, text: str) -> bool:
+        """The caller's last message becomes `text` (they went on after a pause); False if
+        there is none."""
+        for message in reversed(self.messages):
+            if message["role"] == "user":
+                message["content"] = text
+                return True
+        return False
+
     def start_reply(self, reply_id: int) -> None:
         message: dict[str, Any] = {"role": "assistant", "content": ""}
         self.messages.append(message)

@@ -33,6 +33,11 @@ class Brain(Protocol):
     def event(
         self, session: CallSession, name: str, data: Mapping[str, Any], outcome: StepOutcome
     ) -> AsyncIterator[AgentEvent]: ...
+    def expecting(self, session: CallSession) -> str | None:
+        """What the agent's last words asked the caller for ("phone", "number", "datetime",
+        "name", "yes_no", ...), None if nothing in particular: it helps tell a finished
+        answer from a pause (core/transcript_cues.py)."""
+        ...
 
 
 @dataclass

@@ -110,6 +110,18 @@ def _result_json(value: Any) -> str:
     return json.dumps(payload, ensure_ascii=False, default=str)
 
 
+@dataclass(frozen=True)
+class _TurnStart:
+    """The call as a caller's turn found it (see CallSession.user_turn)."""
+
+    state: dict[str, Any]
+    flow_page: dict[str, str]
+    agent: CompiledAgent
+    started_agents: set[str]
+    last_action: dict[str, Any]
+    actions_run: int
+
+
 class CallSession:
     def __init__(
         self,
@@ -145,6 +157,10 @@ class CallSession:
         self._reply_texts: dict[int, str] = {}
         self._tool_call_counter = 0
         self._event_depth = 0
+        # Actions (functions, tools) run so far, and the call as the caller's last turn found
+        # it: a turn the caller continues is undone when nothing has run since (user_turn).
+        self._actions_run = 0
+        self._turn_start: _TurnStart | None = None
 
     # ---- views -------------------------------------------------------------------------
 
@@ -170,6 +186,10 @@ class CallSession:
     def public_state(self) -> dict[str, Any]:
         redacted: dict[str, Any] = self.redactor.value(copy.deepcopy(self.state))
         return redacted
+
+    def expecting(self) -> str | None:
+        """What the agent's last words asked the caller for (see Brain.expecting)."""
+        return self.agent.brain.expecting(self)
 
     def last_utterance(self, role: str) -> str | None:
         return self.conversation.last_content(role)
@@ -203,21 +223,62 @@ class CallSession:
         async for event in self._enter_agent(StepOutcome(), welcome=greet, enter=greet):
             yield event
 
-    async def user_turn(self, text: str) -> AsyncIterator[AgentEvent]:
+    async def user_turn(self, text: str, *, continues: bool = False) -> AsyncIterator[AgentEvent]:
+        """The caller's turn. `continues`: `text` is the whole of the caller's last turn, which
+        they went on with after a pause (core/continuation.py): it replaces that turn's message,
+        and the state goes back to where that turn found it unless an action ran meanwhile
+        (whose effects happened, and stay)."""
         if self.ended:
             return
         text = text.strip()
         if not text:
             self.audit.add("user_utterance_dropped", text=text, reason="empty")
             return
-        self.conversation.add_user(text)
-        self.audit.add("user_utterance", text=text, agent=self.agent.name)
-        self._run_fixed_updates(self.agent.on_turn, "on_turn")
+        if continues and self.conversation.amend_last_user(text):
+            restored = self._restore_turn_start()
+            self.audit.add(
+                "user_utterance",
+                text=text,
+                agent=self.agent.name,
+                continues=True,
+                state_restored=restored,
+            )
+            if restored:
+                self._run_fixed_updates(self.agent.on_turn, "on_turn")
+        else:
+            self._turn_start = self._turn_snapshot()
+            self.conversation.add_user(text)
+            self.audit.add("user_utterance", text=text, agent=self.agent.name)
+            self._run_fixed_updates(self.agent.on_turn, "on_turn")
         try:
             async for event in self.agent.brain.turn(self, text):
                 yield event
         finally:
             self.conversation.close_unfinished()
+
+    def _turn_snapshot(self) -> _TurnStart:
+        return _TurnStart(
+            copy.deepcopy(self.state),
+            dict(self.flow_page),
+            self.agent,
+            set(self.started_agents),
+            dict(self.last_action),
+            self._actions_run,
+        )
+
+    def _restore_turn_start(self) -> bool:
+        """The call as the last turn found it, if nothing has run since that cannot be undone."""
+        start = self._turn_start
+        if start is None or start.actions_run != self._actions_run or start.agent is not self.agent:
+            return False
+        before = dict(self.state)
+        self.state.clear()
+        self.state.update(start.state)
+        self.flow_page = dict(start.flow_page)
+        self.started_agents = set(start.started_agents)
+        self.last_action = dict(start.last_action)
+        self._audit_state_diff(before, self.state, "continued turn")
+        return True
 
     async def event(self, name: str, **data: Any) -> AsyncIterator[AgentEvent]:
         """A named event (dtmf, no-input, custom): its triggers, then the brain's handler."""
@@ -480,6 +541,7 @@ class CallSession:
         self, call: ToolCallRecord, outcome: StepOutcome
     ) -> AsyncIterator[AgentEvent | ActionResult]:
         """One action by its LLM-facing name; yields speech, then exactly one ActionResult."""
+        self._actions_run += 1
         started = self.clock()
         agent = self.agent
         effects = Effects()
@@ -596,6 +658,7 @@ class CallSession:
         The function writes to a copy of the state, adopted only on success: a failure or a
         timeout (whose thread may still be running) leaves the call's state as it was.
         """
+        self._actions_run += 1
         loop = asyncio.get_running_loop()
         scope = FunctionScope(self, copy.deepcopy(self.state), self.secrets, loop)
         ctx = contextvars.copy_context()

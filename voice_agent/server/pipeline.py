@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ from voice_agent.core.turns import TurnConfig
 from voice_agent.core.voicemail import BeepHeard, Human, Machine, VoicemailDetector
 from voice_agent.engines.stt import Stt, SttStream
 from voice_agent.engines.tts import Tts, TtsChunk
+from voice_agent.engines.turn import TurnModel
 from voice_agent.engines.vad import Vad
 from voice_agent.observability import call_context
 from voice_agent.runtime.audit import AuditEvent
@@ -57,6 +59,15 @@ FRAME_MS = 20
 SYNTH_IN_FLIGHT = 2
 # A transcript later than this is given up: the turn gets the agent's fallback line.
 STT_TIMEOUT_S = 10.0
+# The end-of-turn evidence at a pause (core/end_of_turn.py): the acoustic model's verdict is
+# given up after this (the silence rule then decides that turn), and the speculative
+# transcript after this (the verdict is then taken on the acoustic model alone).
+TURN_MODEL_TIMEOUT_S = 0.5
+SPECULATION_TIMEOUT_S = 1.5
+TURN_MODEL_RATE = 16000
+TURN_MODEL_WINDOW_S = 8  # the most of the turn's audio the model looks at
+# The acoustic model runs here, never on the event loop; onnxruntime frees the GIL as it runs.
+_TURN_MODEL_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="turn-model")
 
 
 class Outbound(Protocol):
@@ -101,13 +112,13 @@ class Engines:
     make_vad: Callable[[int], Vad]  # takes the sample rate of the frames it will see
     stt: Stt
     tts: Tts
+    turn_model: TurnModel | None = None  # the acoustic end-of-turn model, if the agent has one
 
 
 def core_config(
     voice: VoiceSettings,
     no_input_timeout_s: float,
     vad_release_ms: int = 0,
-    min_confidence_over_agent: float | None = None,
 ) -> core.CoreConfig:
     return core.CoreConfig(
         turn=TurnConfig(
@@ -116,6 +127,7 @@ def core_config(
             pre_roll_ms=voice.turn.pre_roll_ms,
             vad_release_ms=vad_release_ms,
             quiet_db=voice.turn.quiet_db,
+            continuation_window_ms=voice.turn.continuation_window_ms,
         ),
         interruption=core.InterruptionConfig(
             min_interruption_ms=voice.interruption.min_interruption_ms,
@@ -123,9 +135,6 @@ def core_config(
             false_interruption_timeout_ms=voice.interruption.false_interruption_timeout_ms,
             backchannels=tuple(voice.interruption.backchannels),
             resume_after_false_interruption=voice.interruption.resume_after_false_interruption,
-            confirm_min_words=voice.interruption.confirm_min_words,
-            confirm_words=tuple(voice.interruption.confirm_words),
-            min_confidence_over_agent=min_confidence_over_agent,
         ),
         no_input_timeout_ms=int(no_input_timeout_s * 1000),
     )
@@ -169,8 +178,6 @@ class CallPipeline:
                 voice,
                 session.agent.config.no_input_timeout_s,
                 vad_release_ms=getattr(self.vad, "release_ms", 0),
-                # The engine's own floor: confidences of different engines do not compare.
-                min_confidence_over_agent=getattr(engines.stt, "min_confidence_over_agent", None),
             ),
             bytes_per_ms=carrier.bytes_per_ms,
             sample_bytes=carrier.sample_bytes,
@@ -188,6 +195,12 @@ class CallPipeline:
         # A hosted STT takes the frames as they are; pocketsphinx needs 16 kHz.
         self._stt_rate = engines.stt.sample_rate or self.frame_rate
         self._to_stt = self._stt_resampler()
+        # The caller's turn so far at 16 kHz, for the acoustic end-of-turn model (its last
+        # TURN_MODEL_WINDOW_S); from the audio STT gets, resampled again only if STT's is not.
+        self._turn_model = engines.turn_model if self.core.config.end_of_turn.enabled else None
+        self._turn_audio = bytearray()
+        self._to_turn_model: StreamResampler | None = None
+        self._turn_model_failed = False
         self._turn: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         # Sentences to synthesise, in order: not started yet, then started (at most
@@ -370,7 +383,10 @@ class CallPipeline:
             if isinstance(action, core.FeedStt):
                 if self._stt is not None:
                     to_stt = self._to_stt
-                    self._stt.push(to_stt.process(action.frame) if to_stt else action.frame)
+                    pcm = to_stt.process(action.frame) if to_stt else action.frame
+                    self._stt.push(pcm)
+                    if self._turn_model is not None:
+                        self._keep_turn_audio(action.frame, pcm)
             elif isinstance(action, core.SendAudio):
                 if self._hold_timer is not None or self._holding is not None:
                     self._stop_hold()  # the answer is here
@@ -384,6 +400,9 @@ class CallPipeline:
                     self._stt.cancel()
                 self._stt = self.engines.stt.start(self._stt_rate)
                 self._to_stt = self._stt_resampler()
+                self._turn_audio.clear()
+                if self._turn_model is not None and self._stt_rate != TURN_MODEL_RATE:
+                    self._to_turn_model = StreamResampler(self.frame_rate, TURN_MODEL_RATE)
             elif isinstance(action, core.PauseStt):
                 if self._stt is not None:
                     # All it has: the resampler's tail too, so that finish() adds nothing
@@ -399,12 +418,14 @@ class CallPipeline:
                     if tail:
                         stream.push(tail)
                     self._spawn(self._finish_stt(stream))
+            elif isinstance(action, core.JudgeTurn):
+                self._spawn(self._judge_turn(action.pause_id))
             elif isinstance(action, core.StartUserTurn):
                 self.out.event({"type": "transcript", "text": action.text, "final": True})
                 if self._last_words is not None:
                     self._end_now(self._last_words)  # the call is over: no new turn
                 else:
-                    self._run_turn(self.session.user_turn(action.text))
+                    self._run_turn(self.session.user_turn(action.text, continues=action.continues))
             elif isinstance(action, core.CancelAgentTurn):
                 self._cancel_turn()
                 prune = True
@@ -478,6 +499,55 @@ class CallPipeline:
             metrics.get("first_tts_audio_ms"),
         )
 
+    # ---- the end of the caller's turn (core/end_of_turn.py) -------------------------------
+
+    def _keep_turn_audio(self, frame: bytes, to_stt: bytes) -> None:
+        if self._stt_rate == TURN_MODEL_RATE:
+            pcm = to_stt
+        elif self._to_turn_model is not None:
+            pcm = self._to_turn_model.process(frame)
+        else:
+            pcm = frame
+        audio = self._turn_audio
+        audio += pcm
+        keep = TURN_MODEL_WINDOW_S * TURN_MODEL_RATE * 2
+        if len(audio) > 2 * keep:
+            del audio[:-keep]  # now and then, not every frame
+
+    async def _judge_turn(self, pause_id: int) -> None:
+        """Gathers the evidence the core asked for: the acoustic model's verdict (in a thread)
+        and the speculative transcript, at once; a failure or a late answer is no evidence."""
+        model, stream = self._turn_model, self._stt
+        audio = bytes(self._turn_audio[-TURN_MODEL_WINDOW_S * TURN_MODEL_RATE * 2 :])
+
+        async def acoustic() -> float | None:
+            if model is None:
+                return None
+            try:
+                run = self._loop.run_in_executor(_TURN_MODEL_THREADS, model.end_probability, audio)
+                return await asyncio.wait_for(run, TURN_MODEL_TIMEOUT_S)
+            except Exception as exc:
+                if isinstance(exc, TimeoutError):
+                    exc = TimeoutError(f"no verdict within {TURN_MODEL_TIMEOUT_S:g} s")
+                if not self._turn_model_failed:  # once a call: the silence rule carries on
+                    self._turn_model_failed = True
+                    log.warning("call %s: end-of-turn model: %s", self.session.call_id, exc)
+                    message = f"{type(exc).__name__}: {exc}; the silence rule decides instead"
+                    self.session.audit.add("error", where="turn_model", message=message)
+                return None
+
+        async def words() -> str | None:
+            if stream is None:
+                return None
+            try:
+                return await asyncio.wait_for(stream.speculation(), SPECULATION_TIMEOUT_S)
+            except Exception:
+                return None  # finish() decodes again, and reports a failure
+
+        probability, text = await asyncio.gather(acoustic(), words())
+        if not self.ended:
+            self._apply(self.core.turn_judged(pause_id, probability, text, self.now_ms()))
+
     # ---- STT ---------------------------------------------------------------------------
 
     async def _finish_stt(self, stream: SttStream) -> None:
@@ -545,6 +615,7 @@ class CallPipeline:
         except Exception as exc:
             self.session.audit.add("error", where="agent", message=f"{type(exc).__name__}: {exc}")
         self._stop_hold()
+        self.core.expecting = self.session.expecting()
         self._apply(self.core.agent_turn_done(self.now_ms()))
         if self._pending_events:
             name, data = self._pending_events.pop(0)

@@ -267,6 +267,16 @@ class FlowBrain:
     def _missing(self, page: Page, state: Mapping[str, Any]) -> list[FormField]:
         return [f for f in page.form if f.required and state.get(f.spec.name) is None]
 
+    def expecting(self, session: CallSession) -> str | None:
+        """The type of the form field the page prompts for next, or "yes_no" on a page whose
+        routes wait for a yes or a no."""
+        page = self._page(session)
+        missing = self._missing(page, session.state)
+        if missing:
+            return str(missing[0].spec.type)
+        intents = {route.intent for route in page.routes}
+        return "yes_no" if {"confirm", "deny"} & intents else None
+
     async def enter(self, session: CallSession, outcome: StepOutcome) -> AsyncIterator[AgentEvent]:
         async for item in self._go(session, self.start_page, outcome):
             yield item

@@ -35,6 +35,12 @@ class SttStream(Protocol):
         pause turns out to be the end of the turn (and decodes again if more audio came)."""
         ...
 
+    async def speculation(self) -> str | None:
+        """The words of the audio up to the last pause(), once the engine has them: a
+        streaming engine's partial at once, an engine that decodes at pauses that decoding.
+        None when it has none (it failed, or the caller spoke again since)."""
+        ...
+
     async def finish(self) -> Transcript:
         """End of utterance: the final text. Pushes after this are ignored."""
         ...

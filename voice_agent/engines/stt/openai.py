@@ -63,6 +63,15 @@ class OpenAiStream:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._guess = (len(self._audio), task)
 
+    async def speculation(self) -> str | None:
+        guess = self._guess
+        if guess is None or guess[0] != len(self._audio):
+            return None  # no request at the pause, or the caller spoke on
+        try:
+            return (await asyncio.shield(guess[1])).text
+        except (asyncio.CancelledError, Exception):
+            return None  # finish() sends the request again, and reports a failure
+
     async def finish(self) -> Transcript:
         self._open = False
         if self._cancelled or self._too_short():

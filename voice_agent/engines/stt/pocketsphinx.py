@@ -247,6 +247,9 @@ class PocketsphinxStream:
     def pause(self) -> None:
         pass  # decoding keeps up with the audio: nothing to start early
 
+    async def speculation(self) -> str | None:
+        return self._partial
+
     async def finish(self) -> Transcript:
         with self._lock:
             submit = self._state is _State.OPEN and not self._scheduled

@@ -49,7 +49,7 @@ SERVER_WORKERS_ENV = "VOICE_AGENT_WORKERS"
 # What follows a stream's audio in a batch; of two in one batch, the larger wins.
 _MORE, _PAUSE, _END, _CANCEL = 0, 1, 2, 3
 # Events from a worker, per stream.
-_PARTIAL, _FINAL, _ERROR = 0, 1, 2
+_PARTIAL, _FINAL, _ERROR, _PAUSED = 0, 1, 2, 3
 
 # A worker that lived shorter than this before dying is restarted after a growing delay
 # (0.5 s doubling to 30 s), so a worker that cannot start does not spin.
@@ -198,7 +198,9 @@ def _decode_batch(
                 utterance.feed(pcm)
             if op == _PAUSE:
                 utterance.pause()
-            if utterance.partial != before and op != _END:
+                # Answered whatever the text: the server awaits it (PoolStream.speculation).
+                events.append((sid, _PAUSED, utterance.partial))
+            elif utterance.partial != before and op != _END:
                 events.append((sid, _PARTIAL, utterance.partial))
             if op == _END:
                 del utterances[sid]
@@ -236,6 +238,9 @@ class PoolStream:
         self._partial = ""
         self._outcome: Transcript | str | None = None  # str: why it failed
         self._waiter: asyncio.Future[None] | None = None
+        self._pauses_sent = 0
+        self._pauses_answered = 0
+        self._pause_waiter: asyncio.Future[None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -253,7 +258,17 @@ class PoolStream:
 
     def pause(self) -> None:
         if self._state is _State.OPEN:
+            self._pauses_sent += 1
             self._send(_PAUSE)
+
+    async def speculation(self) -> str | None:
+        if self._pauses_answered < self._pauses_sent and self._outcome is None:
+            if self._pause_waiter is None or self._pause_waiter.done():
+                self._pause_waiter = self.loop.create_future()
+            await self._pause_waiter
+        if isinstance(self._outcome, str):
+            return None
+        return self._partial
 
     async def finish(self) -> Transcript:
         if self._state is _State.OPEN:
@@ -292,11 +307,21 @@ class PoolStream:
             self.worker.forget(self)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        self._wake_pause_waiter()
+
+    def _wake_pause_waiter(self) -> None:
+        if self._pause_waiter is not None and not self._pause_waiter.done():
+            self._pause_waiter.set_result(None)
 
     def _event(self, kind: int, data: Any) -> None:
         if self._outcome is not None:
             return
-        if kind == _PARTIAL:
+        if kind == _PAUSED:
+            self._partial = data
+            self._pauses_answered += 1
+            if self._pauses_answered >= self._pauses_sent:
+                self._wake_pause_waiter()
+        elif kind == _PARTIAL:
             self._partial = data
         elif kind == _FINAL:
             self._settle(data)
@@ -590,8 +615,6 @@ class ProcessPoolStt:
     ) -> None:
         self.domain_lm = domain_lm
         self.whisper = whisper
-        # See WhisperOptions; pocketsphinx's posteriors are another scale, and not used so.
-        self.min_confidence_over_agent = whisper.min_confidence_over_agent if whisper else None
         self.language_model: Literal["domain", "full"] = (
             "domain" if domain_lm is not None else "full"
         )

@@ -52,10 +52,6 @@ class WhisperOptions:
     max_no_speech_prob: float = 0.8
     compression_ratio_threshold: float = 2.4
     min_avg_logprob: float = -1.5
-    # Speech over the agent read with less confidence (mean exp(avg_logprob)) is taken for a
-    # noise by the call core: hums read as words came out at 0.25-0.46, callers' lines in a
-    # natural voice at 0.48 and above (the fixtures and the tune split; docs/protocol.md).
-    min_confidence_over_agent: float = 0.47
 
 
 def bundled_model_path() -> Path:
