@@ -19,3 +19,31 @@ ensure_installed() {
     echo "$want" > "$stamp"
   fi
 }
+# Pipecat's Smart Turn v3.2 end-of-turn model (BSD-2-Clause, docs/performance.md, "Turn-taking")
+# ships inside the pipecat-ai wheel, whose dependencies clash with ours: the wheel is fetched
+# without them and only the model and pipecat's licence are kept, in the venv, where
+# voice_agent/engines/turn/smart_turn.py looks. The SHA-256 is the wheel's RECORD entry.
+SMART_TURN_PIPECAT="1.14.0"
+SMART_TURN_SHA256="2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
+ensure_smart_turn() {
+  local dir=".venv/share/voice_agent/smart-turn"
+  [ -f "$dir/smart-turn-v3.2-cpu.onnx" ] && return 0
+  local tmp
+  tmp="$(mktemp -d)"
+  .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+    "pipecat-ai==$SMART_TURN_PIPECAT" -d "$tmp"
+  .venv/bin/python - "$tmp" "$dir" "$SMART_TURN_SHA256" <<'PY'
+import hashlib, pathlib, sys, zipfile
+tmp, target, sha = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+wheel = zipfile.ZipFile(next(tmp.glob("pipecat_ai-*.whl")))
+model = wheel.read("pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx")
+if hashlib.sha256(model).hexdigest() != sha:
+    sys.exit("smart-turn-v3.2-cpu.onnx in the pipecat-ai wheel is not the one checked")
+licence = next(n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE"))
+target.mkdir(parents=True, exist_ok=True)
+(target / "LICENSE").write_bytes(wheel.read(licence))
+(target / "smart-turn-v3.2-cpu.onnx.part").write_bytes(model)
+(target / "smart-turn-v3.2-cpu.onnx.part").rename(target / "smart-turn-v3.2-cpu.onnx")
+PY
+  rm -rf "$tmp"
+}

@@ -1,15 +1,5 @@
-"""Acoustic end-of-turn models: does the caller sound finished? (placeholder until the
-Smart Turn engine lands; see engines/turn/base.py there)."""
+"""Acoustic end-of-turn models: the TurnModel interface and `load_turn_model` (Smart Turn)."""
 
-from __future__ import annotations
+from voice_agent.engines.turn.base import SAMPLE_RATE, TurnModel, TurnModelError, load_turn_model
 
-from typing import Protocol
-
-
-class TurnModel(Protocol):
-    sample_rate: int
-
-    def end_probability(self, pcm: bytes) -> float:
-        """PCM16 mono at `sample_rate`, the caller's turn so far: the probability that they
-        have finished. Thread-safe: calls run in a thread pool."""
-        ...
+__all__ = ["SAMPLE_RATE", "TurnModel", "TurnModelError", "load_turn_model"]
