@@ -437,6 +437,43 @@ CASES = [
             "whisper decodes in worker processes",
         ),
     ),
+    # ---- turn-taking --------------------------------------------------------------------------
+    case(
+        "turn-model-missing",
+        Case(
+            {
+                CONFIG: PLAYBOOK
+                + "voice:\n  turn:\n    detector: smart\n    model: /no/such/turn.onnx\n"
+            },
+            CONFIG,
+            "voice.turn.model",
+            "/no/such/turn.onnx' does not exist",
+        ),
+    ),
+    case(
+        "turn-model-not-a-model",
+        Case(
+            {
+                CONFIG: PLAYBOOK + "voice:\n  turn:\n    detector: smart\n    model: notes.txt\n",
+                "notes.txt": "this is no model\n",
+            },
+            CONFIG,
+            "voice.turn.model",
+            "is not an ONNX model",
+        ),
+    ),
+    case(
+        "turn-silences-out-of-order",
+        Case(
+            {
+                CONFIG: PLAYBOOK
+                + "    turn:\n      min_silence_ms: 900\n      unsure_silence_ms: 600\n"
+            },
+            CONFIG,
+            "agents.a.turn",
+            "min_silence_ms <= unsure_silence_ms <= max_silence_ms",
+        ),
+    ),
     # ---- telephony ---------------------------------------------------------------------------
     case(
         "sip-listen-not-host-port",

@@ -209,6 +209,41 @@ class TurnSettings(_Strict):
     # Speech that begins this soon after the end of a turn, while the agent's answer has not
     # been heard to the end, is the rest of that turn: joined to it, and the answer cut.
     continuation_window_ms: int = Field(default=1500, ge=0, le=5000)
+    # What ends a turn: "silence", end_of_turn_silence_ms of it every time; "smart", an
+    # acoustic end-of-turn model (`model`) and the words so far, between min_silence_ms and
+    # max_silence_ms (core/end_of_turn.py; docs/config.md).
+    detector: Literal["silence", "smart"] = "silence"
+    model: str = Field(default="smart-turn-v3.2", validate_default=True)
+    min_silence_ms: int = Field(default=200, ge=60, le=2000)
+    max_silence_ms: int = Field(default=2500, ge=300, le=10000)
+    unsure_silence_ms: int = Field(default=1600, ge=60, le=10000)
+    finished_threshold: float = Field(default=0.5, gt=0, lt=1)
+
+    @field_validator("model")
+    @classmethod
+    def _turn_model_exists(cls, model: str, info: ValidationInfo) -> str:
+        # At load, so a wrong path shows before a call starts, naming this key.
+        if info.data.get("detector") != "smart":
+            return model
+        from voice_agent.engines.turn.smart_turn import BUNDLED, resolve_model
+
+        base_dir = (info.context or {}).get("base_dir")
+        if model not in BUNDLED and base_dir is not None:
+            model = str(Path(base_dir) / Path(model).expanduser())
+        try:
+            resolve_model(model)
+        except VoiceAgentError as e:
+            raise ValueError(str(e)) from None
+        return model
+
+    @model_validator(mode="after")
+    def _silences_in_order(self) -> TurnSettings:
+        if not self.min_silence_ms <= self.unsure_silence_ms <= self.max_silence_ms:
+            raise ValueError(
+                "min_silence_ms <= unsure_silence_ms <= max_silence_ms must hold, not "
+                f"{self.min_silence_ms}, {self.unsure_silence_ms}, {self.max_silence_ms}"
+            )
+        return self
 
 
 class InterruptionSettings(_Strict):

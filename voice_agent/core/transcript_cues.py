@@ -20,19 +20,19 @@ class Completeness(Enum):
     UNKNOWN = "unknown"  # the words say nothing either way
 
 
-# Words an English sentence does not end on: conjunctions, articles, prepositions,
-# possessives, auxiliaries and the openers of a clause ("I'd like", "it's"), and fillers.
-# A caller who stops on one is looking for the next word.
+# Words an English sentence does not end on: conjunctions, articles, the prepositions that
+# are never a particle ("for", "to", "of": unlike "in", "on", "over"), possessives that are
+# not pronouns, contractions that need what follows ("I'm", "it's"), and fillers. A caller
+# who stops on one is looking for the next word. Auxiliaries and modals are not here: "than
+# he was", "yes I can" end sentences.
 _DANGLING = frozenset(
     """
-    and but or nor so because if than that which who whose where when while although though
-    a an the this these those some any another every
-    for to at on in into onto with without of from about by near under over after before
-    until till between through via per like as
-    my your our their his her its
-    is are was were be been being am i'm it's that's there's what's he's she's we're you're
-    they're i've we've i'd we'd you'd i'll we'll would could should can will shall may might
-    must do does did have has had want wanna gonna need get got
+    and but or nor because if than although though whereas
+    a an the every
+    for to at of from with into onto via per between until till
+    my your our their its
+    i'm it's that's there's what's he's she's we're you're they're i've we've i'd we'd
+    you'd i'll we'll
     um uh er erm uhm umm hmm ah eh
     """.split()
 )

@@ -33,6 +33,7 @@ from voice_agent.audio.codec import CarrierFormat
 from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSettings, split_host_port
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.tts import TtsConfig, make_tts
+from voice_agent.engines.turn import TurnModel, load_turn_model
 from voice_agent.engines.vad import VadConfig, make_vad
 from voice_agent.errors import VoiceAgentError
 from voice_agent.observability import (
@@ -248,6 +249,7 @@ class VoiceServer:
         self.pipelines: dict[str, CallPipeline] = {}
         self._engines: dict[str, Engines] = {}
         self._shared_stt: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._shared_turn_models: dict[str, TurnModel] = {}  # by model path: one session each
         self._shared_tts: dict[str, Any] = {}
         self._server: Server | None = None
         self._closing = False
@@ -436,10 +438,16 @@ class VoiceServer:
             aggressiveness=vad_settings.aggressiveness,
             threshold=vad_settings.threshold,
         )
+        turn_model: TurnModel | None = None
+        if voice.turn.detector == "smart":
+            if voice.turn.model not in self._shared_turn_models:
+                self._shared_turn_models[voice.turn.model] = load_turn_model(voice.turn.model)
+            turn_model = self._shared_turn_models[voice.turn.model]
         engines = Engines(
             make_vad=lambda sample_rate: make_vad(vad_config, sample_rate),
             stt=self._shared_stt[stt_key],
             tts=self._shared_tts[tts_key],
+            turn_model=turn_model,
         )
         self._engines[agent.name] = engines
         return engines

@@ -21,6 +21,7 @@ from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import VoiceSettings
 from voice_agent.core import call as core
 from voice_agent.core.callee_hello import QUIET_MS, CalleeHello
+from voice_agent.core.end_of_turn import EndOfTurnConfig
 from voice_agent.core.pacing import SentencePacer
 from voice_agent.core.playback import Word
 from voice_agent.core.turns import TurnConfig
@@ -62,7 +63,7 @@ STT_TIMEOUT_S = 10.0
 # The end-of-turn evidence at a pause (core/end_of_turn.py): the acoustic model's verdict is
 # given up after this (the silence rule then decides that turn), and the speculative
 # transcript after this (the verdict is then taken on the acoustic model alone).
-TURN_MODEL_TIMEOUT_S = 0.5
+TURN_MODEL_TIMEOUT_S = 1.5
 SPECULATION_TIMEOUT_S = 1.5
 TURN_MODEL_RATE = 16000
 TURN_MODEL_WINDOW_S = 8  # the most of the turn's audio the model looks at
@@ -128,6 +129,13 @@ def core_config(
             vad_release_ms=vad_release_ms,
             quiet_db=voice.turn.quiet_db,
             continuation_window_ms=voice.turn.continuation_window_ms,
+        ),
+        end_of_turn=EndOfTurnConfig(
+            enabled=voice.turn.detector == "smart",
+            min_silence_ms=voice.turn.min_silence_ms,
+            max_silence_ms=voice.turn.max_silence_ms,
+            finished_threshold=voice.turn.finished_threshold,
+            unsure_silence_ms=voice.turn.unsure_silence_ms,
         ),
         interruption=core.InterruptionConfig(
             min_interruption_ms=voice.interruption.min_interruption_ms,
