@@ -153,3 +153,21 @@ def test_what_the_words_say_about_the_turn(
     text: str, expecting: str | None, expected: Completeness
 ) -> None:
     assert completeness(text, expecting) is expected
+
+
+def test_a_quiet_tail_the_vad_calls_speech_is_a_pause_too() -> None:
+    """The VAD often calls a decaying tail speech: 35 dB under the loudest, it is silence to
+    the turn, so STT pauses and the pause is weighed like any other."""
+    from voice_agent.core.call import PauseStt
+
+    d = Driver(end_of_turn=SMART)
+    loud = (10000).to_bytes(2, "little", signed=True) * 320
+    quiet = (20).to_bytes(2, "little", signed=True) * 320
+    for _ in range(50):
+        d.now += 20
+        d.run(d.core.audio_frame(loud, True, "", d.now))
+    asked = []
+    for _ in range(15):
+        d.now += 20
+        asked += d.run(d.core.audio_frame(quiet, True, "", d.now))
+    assert of(PauseStt, asked) and of(JudgeTurn, asked)

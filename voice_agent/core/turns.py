@@ -95,16 +95,15 @@ class TurnDetector:
             frames = list(self._pre_roll)
             self._pre_roll.clear()
             return TurnStep(started=True, stt_frames=frames)
-        if is_speech:
-            if self._loud(frame):
-                self._silence_run_ms = 0
-                self._vad_silent = False
-                self.speech_end_ms = now_ms
-                self.required_silence_ms = self.default_silence_ms
-            else:
-                self._silence_run_ms += frame_ms  # a quiet tail: the caller has stopped
+        if is_speech and self._loud(frame):
+            self._silence_run_ms = 0
+            self._vad_silent = False
+            self.speech_end_ms = now_ms
+            self.required_silence_ms = self.default_silence_ms
             frames, self._held = [*self._held, frame], []
-            step = TurnStep(stt_frames=frames)
+            return TurnStep(stt_frames=frames)
+        if is_speech:
+            self._silence_run_ms += frame_ms  # a quiet tail: the caller has stopped
         else:
             if not self._vad_silent:
                 # The VAD's first "silence" since loud speech: its hangover, less the quiet
@@ -112,15 +111,13 @@ class TurnDetector:
                 self._vad_silent = True
                 self._silence_run_ms += max(0, self.config.vad_release_ms - self._silence_run_ms)
             self._silence_run_ms += frame_ms
-            step = TurnStep()
         if self._silence_run_ms >= self.required_silence_ms:
             return self.end()
-        if is_speech:
-            return step
         if self._silence_run_ms <= self.config.stt_tail_ms:
             return TurnStep(stt_frames=[frame])
+        # A quiet tail past STT's share is held like silence: released if speech resumes.
         self._held.append(frame)
-        return _PAUSED if len(self._held) == 1 else step
+        return _PAUSED if len(self._held) == 1 else _NOTHING
 
     @property
     def silence_ms(self) -> float:
