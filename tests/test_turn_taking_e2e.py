@@ -9,7 +9,6 @@ scripts/eval_turns.py, not here: these tests assert what the caller notices.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ import pytest_asyncio
 
 from tests.support.configs import default_config_with, ended_call, serving
 from tests.support.speech_eval import ASTERISK
-from tests.test_words_kept import LIBRIVOX, split_at
+from tests.test_words_kept import split_at
 from voice_agent.audio.g711 import ulaw_encode
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
