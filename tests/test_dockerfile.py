@@ -43,6 +43,9 @@ def test_it_installs_with_the_script_scripts_run_uses() -> None:
     assert f'ensure_installed "{run_extras.group(1)}"' in installs[0], (
         "the image must install the same extras as scripts/run"
     )
+    # The default agent's end-of-turn model comes the same way (turn.detector: smart).
+    assert "ensure_smart_turn" in (ROOT / "scripts" / "run").read_text()
+    assert "ensure_smart_turn" in installs[0], "the image must install Smart Turn as scripts/run"
     # No second list of dependencies anywhere in the image's build.
     assert not any("pip install" in step for step in instructions("RUN"))
 
