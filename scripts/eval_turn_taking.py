@@ -24,9 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support.speech_eval import Route, Split  # noqa: E402
 from tests.support.turn_eval import TurnItem, iter_turn_items  # noqa: E402
 from tests.support.turn_evidence import EvidenceCache, evidence_file  # noqa: E402
-from tests.support.turn_sim import DETECTORS, Evidence, run_turn  # noqa: E402
+from tests.support.turn_sim import DETECTORS, Detector, Evidence, Gather, run_turn  # noqa: E402
 from voice_agent.config import VoiceSettings, load_config  # noqa: E402
 
 # The agent's turn and its first TTS audio after the transcript: the default agent (a flow,
@@ -40,25 +41,31 @@ HEADER = [
 ]
 
 
-def table(split: str, path: str, voice: VoiceSettings, cache: EvidenceCache) -> list[str]:
+def table(split: Split, path: Route, voice: VoiceSettings, cache: EvidenceCache) -> list[str]:
     lines = []
-    if True:
-        items = list(iter_turn_items(split=split, path=path))  # type: ignore[arg-type]
-        for real in (True, False):
-            group = [i for i in items if i.real == real]
-            for text in ("as it comes", "at the pause"):
-                gather = cache.gather
-                if text == "at the pause":
+    items = list(iter_turn_items(split=split, path=path))
 
-                    def gather(item: TurnItem, now_ms: float, stt: bytes) -> Evidence:
-                        return replace(cache.gather(item, now_ms, stt), text_ms=0.0)
+    def text_at_the_pause(item: TurnItem, now_ms: float, stt: bytes) -> Evidence:
+        return replace(cache.gather(item, now_ms, stt), text_ms=0.0)
 
-                for detector in DETECTORS:
-                    lines.append(row(path, real, text, detector, group, voice, gather, cache))
+    for real in (True, False):
+        group = [i for i in items if i.real == real]
+        for text, gather in (("as it comes", cache.gather), ("at the pause", text_at_the_pause)):
+            for detector in DETECTORS:
+                lines.append(row(path, real, text, detector, group, voice, gather, cache))
     return lines
 
 
-def row(path, real, text, detector, group, voice, gather, cache) -> str:  # type: ignore[no-untyped-def]
+def row(
+    path: Route,
+    real: bool,
+    text: str,
+    detector: Detector,
+    group: list[TurnItem],
+    voice: VoiceSettings,
+    gather: Gather,
+    cache: EvidenceCache,
+) -> str:
     fast = text == "at the pause"
     latencies: list[float] = []
     cut, pauses = 0, 0
@@ -94,9 +101,11 @@ def main() -> None:
     args = parser.parse_args()
     voice = load_config(ROOT / "config" / "agents.yaml").config.voice
     print("\n".join(HEADER), flush=True)
+    split: Split = args.split
+    path: Route
     for path in args.path.split(","):
         cache = EvidenceCache(evidence_file(path))
-        for line in table(args.split, path, voice, cache):
+        for line in table(split, path, voice, cache):
             print(line, flush=True)
         if cache.computed:
             cache.save()
