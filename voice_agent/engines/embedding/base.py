@@ -1,0 +1,59 @@
+"""The sentence encoder interface: texts in, unit vectors out, so that a dot product is the
+cosine similarity of two meanings; and the loader that turns a configured name or path into
+an encoder (embedded: all-MiniLM-L6-v2 on numpy; hosted: an OpenAI-compatible endpoint)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from voice_agent.errors import VoiceAgentError
+
+BUNDLED_NAME = "all-MiniLM-L6-v2"
+HOSTED_PREFIX = "openai:"
+
+
+class EmbeddingError(VoiceAgentError):
+    """An encoder that cannot be loaded, or a hosted one that failed; the message says what."""
+
+
+class SentenceEncoder(Protocol):
+    name: str  # identifies the vectors: a cache of phrase vectors is kept per name
+    dimensions: int
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), dimensions) float32, each row of length 1. Synchronous, safe to call
+        from several threads at once; an empty text gets a vector too."""
+        ...
+
+
+_LOADED: dict[str, SentenceEncoder] = {}
+_LOCK = threading.Lock()
+
+
+def load_encoder(
+    name_or_path: str, *, base_url: str | None = None, api_key: str | None = None
+) -> SentenceEncoder:
+    """`all-MiniLM-L6-v2` (installed by scripts/_env.sh), the folder of a BERT-style
+    sentence-transformers model (config.json, model.safetensors, tokenizer.json), or
+    `openai:MODEL` for an OpenAI-compatible embeddings endpoint. Embedded models are loaded
+    once per process and shared: their weights are read-only. Raises EmbeddingError naming
+    what is wrong."""
+    if name_or_path.startswith(HOSTED_PREFIX):
+        from voice_agent.engines.embedding.openai import OpenAIEncoder
+
+        return OpenAIEncoder(
+            name_or_path.removeprefix(HOSTED_PREFIX), base_url=base_url, api_key=api_key
+        )
+    from voice_agent.engines.embedding.minilm import BertEncoder, resolve_model
+
+    folder = resolve_model(name_or_path)
+    key = str(folder.resolve())
+    with _LOCK:
+        encoder = _LOADED.get(key)
+        if encoder is None:
+            encoder = _LOADED[key] = BertEncoder(folder)
+    return encoder
