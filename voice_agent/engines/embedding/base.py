@@ -1,6 +1,7 @@
 """The sentence encoder interface: texts in, unit vectors out, so that a dot product is the
 cosine similarity of two meanings; and the loader that turns a configured name or path into
-an encoder (embedded: all-MiniLM-L6-v2 on numpy; hosted: an OpenAI-compatible endpoint)."""
+an encoder (embedded: all-MiniLM-L6-v2 on numpy; a hosted encoder over the `openai` SDK's
+embeddings call is still to come, issue 29)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import numpy as np
 from voice_agent.errors import VoiceAgentError
 
 BUNDLED_NAME = "all-MiniLM-L6-v2"
-HOSTED_PREFIX = "openai:"
 
 
 class EmbeddingError(VoiceAgentError):
@@ -34,20 +34,11 @@ _LOADED: dict[str, SentenceEncoder] = {}
 _LOCK = threading.Lock()
 
 
-def load_encoder(
-    name_or_path: str, *, base_url: str | None = None, api_key: str | None = None
-) -> SentenceEncoder:
-    """`all-MiniLM-L6-v2` (installed by scripts/_env.sh), the folder of a BERT-style
-    sentence-transformers model (config.json, model.safetensors, tokenizer.json), or
-    `openai:MODEL` for an OpenAI-compatible embeddings endpoint. Embedded models are loaded
-    once per process and shared: their weights are read-only. Raises EmbeddingError naming
-    what is wrong."""
-    if name_or_path.startswith(HOSTED_PREFIX):
-        from voice_agent.engines.embedding.openai import OpenAIEncoder
-
-        return OpenAIEncoder(
-            name_or_path.removeprefix(HOSTED_PREFIX), base_url=base_url, api_key=api_key
-        )
+def load_encoder(name_or_path: str) -> SentenceEncoder:
+    """`all-MiniLM-L6-v2` (installed by scripts/_env.sh) or the folder of a BERT-style
+    sentence-transformers model (config.json, model.safetensors, tokenizer.json). Models are
+    loaded once per process and shared: their weights are read-only. Raises EmbeddingError
+    naming what is wrong."""
     from voice_agent.engines.embedding.minilm import BertEncoder, resolve_model
 
     folder = resolve_model(name_or_path)

@@ -3,10 +3,11 @@ mean pooling) run as numpy matrix products, tokenised by Hugging Face `tokenizer
 
 Why numpy and not a framework: the model is 6 layers of 384 wide (22 M parameters); a
 caller's utterance is 10 to 30 tokens, for which the whole forward pass is a few small matrix
-products (about 10 ms on one core here, docs/performance.md, "Intents by meaning"). PyTorch would
-add 700 MB to the install for that, and no ONNX export of this model ships in a wheel
-(the ones on the hub are downloads). scripts/check_minilm_parity.py compares these vectors
-with sentence-transformers' own in a scratch environment.
+products (about 10 ms on one core here: docs/performance.md, "Intents by meaning: the
+sentence encoder"). PyTorch would add 700 MB to the install for that, and no ONNX export of
+this model ships in a wheel (the ones on the hub are downloads).
+scripts/check_minilm_parity.py compares these vectors with sentence-transformers' own in a
+scratch environment.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def resolve_model(name_or_path: str) -> Path:
     if not folder.exists():
         raise EmbeddingError(
             f"embedding model {name_or_path!r} does not exist (a sentence-transformers model "
-            f"folder, {BUNDLED_NAME!r}, or openai:MODEL)"
+            f"folder or {BUNDLED_NAME!r})"
         )
     if not folder.is_dir():
         raise EmbeddingError(f"embedding model {str(folder)!r} is not a folder")
