@@ -1,5 +1,5 @@
 """Turn-taking on the held-out set, every run: the end-of-turn decision of each detector over
-the report split's real recordings and fixture voices (phone path), with each pause's evidence
+the report split's real recordings (phone path), with each pause's evidence
 from tests/fixtures/turn_eval/evidence-phone.json (scripts/eval_turn_taking.py; what is not
 there is computed with the real Smart Turn and Whisper). The figures go to the run's
 measurements. The issue's target (at most 5% of pauses inside a thought answered into) is not
@@ -22,7 +22,7 @@ from voice_agent.config import load_config
 REPLY_MS = 10.0
 
 
-def test_pauses_inside_a_thought_are_waited_out_and_finished_turns_answered() -> None:
+def test_the_smart_detector_answers_into_fewer_pauses_inside_a_thought() -> None:
     assert not missing_packages(), "run scripts/test: it installs the recordings"
     voice = load_config(ROOT / "config" / "agents.yaml").config.voice
     cache = EvidenceCache(evidence_file("phone"))
