@@ -16,7 +16,6 @@ the text at the pause (a streaming recogniser), which shows what the recogniser 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support.speech_eval import Route, Split  # noqa: E402
 from tests.support.turn_eval import TurnItem, iter_turn_items  # noqa: E402
 from tests.support.turn_evidence import EvidenceCache, evidence_file  # noqa: E402
-from tests.support.turn_sim import DETECTORS, Detector, Evidence, Gather, run_turn  # noqa: E402
+from tests.support.turn_sim import DETECTORS, Detector, Evidence, Gather, figures  # noqa: E402
 from voice_agent.config import VoiceSettings, load_config  # noqa: E402
 
 # The agent's turn and its first TTS audio after the transcript: the default agent (a flow,
@@ -67,29 +66,19 @@ def row(
     cache: EvidenceCache,
 ) -> str:
     fast = text == "at the pause"
-    latencies: list[float] = []
-    cut, pauses = 0, 0
-    for item in group:
-        outcome = run_turn(
-            item,
-            detector,
-            voice,
-            gather,
-            reply_ms=REPLY_MS,
-            final_text_ms=(lambda i, p: 0.0) if fast else cache.final_text_ms,
-        )
-        if item.kind == "finished":
-            latency = outcome.latency_ms(item)
-            latencies.append(latency if latency is not None else float("inf"))
-        else:
-            pauses += 1
-            cut += outcome.cut_off(item)
-    p50 = statistics.median(latencies) if latencies else float("nan")
-    p95 = sorted(latencies)[int(0.95 * (len(latencies) - 1))] if latencies else float("nan")
+    result = figures(
+        group,
+        detector,
+        voice,
+        gather,
+        reply_ms=REPLY_MS,
+        final_text_ms=(lambda i, p: 0.0) if fast else cache.final_text_ms,
+    )
+    cut, pauses, p50, p95 = result.cut, result.pauses, result.p50, result.p95
     speech = "real" if real else "fixture voices"
     share = f"{cut}/{pauses} ({100 * cut / pauses:.0f}%)" if pauses else "-"
     return (
-        f"| {path} | {speech} ({len(latencies)} + {pauses}) | {text} | {detector} |"
+        f"| {path} | {speech} ({len(result.latencies)} + {pauses}) | {text} | {detector} |"
         f" {p50:.0f} ms | {p95:.0f} ms | {share} |"
     )
 

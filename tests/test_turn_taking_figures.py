@@ -9,13 +9,11 @@ answers into far fewer of them than the fixed silence rule.
 
 from __future__ import annotations
 
-import statistics
-
 from tests.conftest import report
 from tests.support.configs import ROOT
 from tests.support.turn_eval import iter_turn_items, missing_packages
 from tests.support.turn_evidence import EvidenceCache, evidence_file
-from tests.support.turn_sim import DETECTORS, run_turn
+from tests.support.turn_sim import DETECTORS, figures
 from voice_agent.config import load_config
 
 # The agent's turn and first audio after the transcript (scripts/eval_turn_taking.py).
@@ -30,28 +28,20 @@ def test_the_smart_detector_answers_into_fewer_pauses_inside_a_thought() -> None
     assert len([i for i in items if i.kind == "cut"]) >= 100
     cut_off: dict[str, float] = {}
     for detector in DETECTORS:
-        latencies, cut, pauses = [], 0, 0
-        for item in items:
-            outcome = run_turn(
-                item,
-                detector,
-                voice,
-                cache.gather,
-                reply_ms=REPLY_MS,
-                final_text_ms=cache.final_text_ms,
-            )
-            if item.kind == "finished":
-                latency = outcome.latency_ms(item)
-                latencies.append(latency if latency is not None else float("inf"))
-            else:
-                pauses += 1
-                cut += outcome.cut_off(item)
-        cut_off[detector] = cut / pauses
-        p95 = sorted(latencies)[int(0.95 * (len(latencies) - 1))]
+        result = figures(
+            items,
+            detector,
+            voice,
+            cache.gather,
+            reply_ms=REPLY_MS,
+            final_text_ms=cache.final_text_ms,
+        )
+        cut_off[detector] = result.cut / result.pauses
         report(
             f"turn-taking, real speech, phone, {detector}: speech end -> first audio "
-            f"p50 {statistics.median(latencies):.0f} ms p95 {p95:.0f} ms ({len(latencies)} "
-            f"turns); cut off in a pause {cut}/{pauses} ({100 * cut / pauses:.1f}%)"
+            f"p50 {result.p50:.0f} ms p95 {result.p95:.0f} ms ({len(result.latencies)} "
+            f"turns); cut off in a pause {result.cut}/{result.pauses} "
+            f"({100 * cut_off[detector]:.1f}%)"
         )
     if cache.computed:
         report(f"turn-taking: {cache.computed} pieces of evidence were not in the cache")

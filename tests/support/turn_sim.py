@@ -10,6 +10,7 @@ transcript is there, plus the agent's and the first TTS audio's measured time.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -85,6 +86,50 @@ def voice_settings(detector: Detector, base: VoiceSettings) -> tuple[VoiceSettin
         }
     )
     return base.model_copy(update={"turn": alone}), True
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A detector over a group of items: latencies of the finished ones (inf: never
+    answered), and how many of the pauses the agent answered into."""
+
+    latencies: list[float]
+    cut: int
+    pauses: int
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies) if self.latencies else float("nan")
+
+    @property
+    def p95(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[int(0.95 * (len(ordered) - 1))] if ordered else float("nan")
+
+
+def figures(
+    items: list[TurnItem],
+    detector: Detector,
+    base: VoiceSettings,
+    gather: Gather,
+    *,
+    reply_ms: float,
+    final_text_ms: Callable[[TurnItem, bytes], float],
+) -> Figures:
+    """`run_turn` over `items`, summed up."""
+    latencies: list[float] = []
+    cut = pauses = 0
+    for item in items:
+        outcome = run_turn(
+            item, detector, base, gather, reply_ms=reply_ms, final_text_ms=final_text_ms
+        )
+        if item.kind == "finished":
+            latency = outcome.latency_ms(item)
+            latencies.append(latency if latency is not None else float("inf"))
+        else:
+            pauses += 1
+            cut += outcome.cut_off(item)
+    return Figures(latencies, cut, pauses)
 
 
 def run_turn(
