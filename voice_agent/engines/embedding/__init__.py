@@ -1,4 +1,4 @@
-"""Sentence embeddings for intent matching by meaning (brains/flows/semantic.py)."""
+"""Sentence embeddings, for matching what callers say to intents by meaning."""
 
 from voice_agent.engines.embedding.base import (
     EmbeddingError,

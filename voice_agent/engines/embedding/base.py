@@ -1,7 +1,6 @@
 """The sentence encoder interface: texts in, unit vectors out, so that a dot product is the
 cosine similarity of two meanings; and the loader that turns a configured name or path into
-an encoder (embedded: all-MiniLM-L6-v2 on numpy; a hosted encoder over the `openai` SDK's
-embeddings call is still to come, issue 29)."""
+an encoder (all-MiniLM-L6-v2 on numpy, or another BERT-style model's folder)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ BUNDLED_NAME = "all-MiniLM-L6-v2"
 
 
 class EmbeddingError(VoiceAgentError):
-    """An encoder that cannot be loaded, or a hosted one that failed; the message says what."""
+    """An encoder that cannot be loaded; the message names the model and what is wrong."""
 
 
 class SentenceEncoder(Protocol):

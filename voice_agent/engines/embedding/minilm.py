@@ -12,11 +12,12 @@ scratch environment.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -83,6 +84,22 @@ def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float)
     return result
 
 
+@dataclass(frozen=True)
+class _Layer:
+    """One transformer layer's weights, laid out for `x @ weight + bias` on (tokens, width)."""
+
+    qkv: np.ndarray  # query, key and value side by side: one product for the three
+    qkv_bias: np.ndarray
+    out: np.ndarray
+    out_bias: np.ndarray
+    norm1: tuple[np.ndarray, np.ndarray]
+    up: np.ndarray
+    up_bias: np.ndarray
+    down: np.ndarray
+    down_bias: np.ndarray
+    norm2: tuple[np.ndarray, np.ndarray]
+
+
 class BertEncoder:
     """One loaded model. `encode` reads the weights only, so threads may share it."""
 
@@ -109,10 +126,9 @@ class BertEncoder:
         self.dimensions = int(config["hidden_size"])
         self._heads = int(config["num_attention_heads"])
         self._eps = float(config.get("layer_norm_eps", 1e-12))
-        self._layers_count = int(config["num_hidden_layers"])
         prefix = "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
         try:
-            self._load(weights, prefix)
+            self._load(weights, prefix, int(config["num_hidden_layers"]))
         except KeyError as exc:
             raise EmbeddingError(
                 f"embedding model {str(folder)!r} lacks the weight {exc.args[0]!r}"
@@ -121,7 +137,7 @@ class BertEncoder:
         tokenizer.no_padding()
         self._tokenizer = tokenizer
 
-    def _load(self, weights: dict[str, np.ndarray], prefix: str) -> None:
+    def _load(self, weights: dict[str, np.ndarray], prefix: str, layers: int) -> None:
         def w(name: str) -> np.ndarray:
             return np.ascontiguousarray(weights[prefix + name], dtype=np.float32)
 
@@ -129,31 +145,31 @@ class BertEncoder:
         self._position = w("embeddings.position_embeddings.weight")
         self._token_type = w("embeddings.token_type_embeddings.weight")[0]
         self._embed_norm = (w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
-        self._layers: list[dict[str, Any]] = []
-        for i in range(self._layers_count):
+
+        def t(name: str) -> np.ndarray:
+            # Stored (out, in) as PyTorch's Linear keeps them: transposed once, here.
+            return np.ascontiguousarray(w(name).T)
+
+        self._layers: list[_Layer] = []
+        for i in range(layers):
             p = f"encoder.layer.{i}."
-            # Query, key and value in one product; weights stored (out, in) are transposed once.
-            qkv = np.concatenate(
-                [w(p + f"attention.self.{n}.weight") for n in ("query", "key", "value")]
-            )
+            parts = ("query", "key", "value")
             self._layers.append(
-                {
-                    "qkv": np.ascontiguousarray(qkv.T),
-                    "qkv_b": np.concatenate(
-                        [w(p + f"attention.self.{n}.bias") for n in ("query", "key", "value")]
-                    ),
-                    "out": np.ascontiguousarray(w(p + "attention.output.dense.weight").T),
-                    "out_b": w(p + "attention.output.dense.bias"),
-                    "norm1": (
+                _Layer(
+                    qkv=np.concatenate([t(p + f"attention.self.{n}.weight") for n in parts], 1),
+                    qkv_bias=np.concatenate([w(p + f"attention.self.{n}.bias") for n in parts]),
+                    out=t(p + "attention.output.dense.weight"),
+                    out_bias=w(p + "attention.output.dense.bias"),
+                    norm1=(
                         w(p + "attention.output.LayerNorm.weight"),
                         w(p + "attention.output.LayerNorm.bias"),
                     ),
-                    "up": np.ascontiguousarray(w(p + "intermediate.dense.weight").T),
-                    "up_b": w(p + "intermediate.dense.bias"),
-                    "down": np.ascontiguousarray(w(p + "output.dense.weight").T),
-                    "down_b": w(p + "output.dense.bias"),
-                    "norm2": (w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias")),
-                }
+                    up=t(p + "intermediate.dense.weight"),
+                    up_bias=w(p + "intermediate.dense.bias"),
+                    down=t(p + "output.dense.weight"),
+                    down_bias=w(p + "output.dense.bias"),
+                    norm2=(w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias")),
+                )
             )
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -172,7 +188,7 @@ class BertEncoder:
         size = self.dimensions // heads
         scale = np.float32(1.0 / np.sqrt(size))
         for layer in self._layers:
-            qkv = x @ layer["qkv"] + layer["qkv_b"]
+            qkv = x @ layer.qkv + layer.qkv_bias
             q, k, v = (
                 qkv[:, j * self.dimensions : (j + 1) * self.dimensions]
                 .reshape(n, heads, size)
@@ -184,11 +200,9 @@ class BertEncoder:
             attention = np.exp(scores)
             attention /= attention.sum(axis=-1, keepdims=True)
             context = (attention @ v).transpose(1, 0, 2).reshape(n, self.dimensions)
-            weight, bias = layer["norm1"]
-            x = _layer_norm(context @ layer["out"] + layer["out_b"] + x, weight, bias, self._eps)
-            hidden = _gelu(x @ layer["up"] + layer["up_b"])
-            weight, bias = layer["norm2"]
-            x = _layer_norm(hidden @ layer["down"] + layer["down_b"] + x, weight, bias, self._eps)
+            x = _layer_norm(context @ layer.out + layer.out_bias + x, *layer.norm1, self._eps)
+            hidden = _gelu(x @ layer.up + layer.up_bias)
+            x = _layer_norm(hidden @ layer.down + layer.down_bias + x, *layer.norm2, self._eps)
         pooled = x.mean(axis=0)  # mean pooling; no padding, so every token counts
         norm = float(np.linalg.norm(pooled))
         result: np.ndarray = pooled / norm if norm > 0 else pooled
@@ -198,8 +212,6 @@ class BertEncoder:
 def _short_hash(path: Path) -> str:
     # The file's size and head: enough to tell two models' cached vectors apart, without
     # reading 90 MB at every start.
-    import hashlib
-
     with path.open("rb") as f:
         head = f.read(1 << 16)
     return hashlib.sha256(head + str(path.stat().st_size).encode()).hexdigest()[:12]
