@@ -94,6 +94,13 @@ CASES: list[tuple[str, ParamType, Any]] = [
     ("monday", "date", "2026-11-30"),
     ("next monday", "date", "2026-12-07"),
     ("friday next week", "date", "2026-12-11"),
+    # British: the Friday after the coming one, and seven days on from a day
+    ("a week on friday", "date", "2026-12-11"),
+    ("friday week", "date", "2026-12-11"),
+    ("a week on monday", "date", "2026-12-07"),  # said on a Monday
+    ("a week today", "date", "2026-12-07"),
+    ("a week tomorrow", "date", "2026-12-08"),
+    ("a table for a week", "date", None),
     ("december third", "date", "2026-12-03"),
     ("the 3rd of december", "date", "2026-12-03"),
     ("the third of december", "date", "2026-12-03"),

@@ -658,11 +658,15 @@ def _slash_date(a: _Analysis, k: int) -> tuple[date, int] | None:
 
 
 def _weekday_date(a: _Analysis, k: int) -> tuple[date, int, str | None] | None:
-    """ "friday", "this friday", "next friday", "friday next week", "next week on friday"."""
+    """ "friday", "this friday", "next friday", "friday next week", "next week on friday",
+    and British "a week on friday" / "friday week" (the Friday after the coming one)."""
     w = a.word
     mode = "on"
     j = k
-    if w(j) == "next" and w(j + 1) == "week":
+    if w(j) == "a" and w(j + 1) == "week" and (w(j + 2) == "on" or w(j + 2) in _WEEKDAYS):
+        mode = "week_on"
+        j += 2 + (w(j + 2) == "on")
+    elif w(j) == "next" and w(j + 1) == "week":
         mode = "next_week"
         j += 2 + (w(j + 2) == "on")
     elif w(j) == "this" and w(j + 1) == "coming":
@@ -679,6 +683,9 @@ def _weekday_date(a: _Analysis, k: int) -> tuple[date, int, str | None] | None:
     if w(j) == "next" and w(j + 1) == "week":
         mode = "next_week"
         j += 2
+    elif w(j) == "week" and mode == "on":  # "friday week"
+        mode = "week_on"
+        j += 1
     hint = _PARTS_OF_DAY.get(w(j))
     j += hint is not None
     today = a.today
@@ -687,6 +694,8 @@ def _weekday_date(a: _Analysis, k: int) -> tuple[date, int, str | None] | None:
         ahead = 7
     elif mode == "next_week":
         ahead = 7 - today.weekday() + weekday
+    elif mode == "week_on":
+        ahead = ahead + 7 if ahead else 7  # said on a Friday: a week from today
     return today + timedelta(days=ahead), j, hint
 
 
@@ -696,6 +705,11 @@ def _relative_date(a: _Analysis, k: int) -> tuple[date, int, str | None] | None:
     j = k + (w(k) == "the")
     if w(j) == "day" and w(j + 1) == "after" and w(j + 2) == "tomorrow":
         return today + timedelta(days=2), j + 3, _PARTS_OF_DAY.get(w(j + 3))
+    if w(k) == "a" and w(k + 1) == "week" and w(k + 2) in ("today", "tomorrow", "tonight"):
+        # British "a week today", "a week tomorrow": seven days on from that day.
+        days = 7 + (w(k + 2) == "tomorrow")
+        hint = "evening" if w(k + 2) == "tonight" else None
+        return today + timedelta(days=days), k + 3, hint
     if w(k) == "today":
         return today, k + 1, None
     if w(k) == "tonight":
@@ -909,7 +923,7 @@ def _resolve(found: _TimeFind, day: date | None, now: datetime, hint: str | None
 
 # Words a date or a time can begin with, besides numbers: the parsers run only there.
 _DATE_STARTS = frozenset(
-    {"on", "the", "today", "tonight", "tomorrow", "this", "next", "coming", "day", "in"}
+    {"on", "the", "today", "tonight", "tomorrow", "this", "next", "coming", "day", "in", "a"}
     | set(_WEEKDAYS)
     | set(_MONTHS)
 )
