@@ -406,6 +406,41 @@ CASES = [
             "list",
         ),
     ),
+    # ---- intents by meaning ------------------------------------------------------------------
+    case(
+        "nlu-model-missing",
+        Case(
+            flow_files("{intent: confirm, goto: done}")
+            | {
+                CONFIG: flow_config("{intent: confirm, goto: done}") + "    nlu: {model: nowhere}\n"
+            },
+            CONFIG,
+            "agents.f.nlu.model",
+            "nowhere' does not exist",
+        ),
+    ),
+    case(
+        "nlu-model-not-a-model",
+        Case(
+            flow_files("{intent: confirm, goto: done}")
+            | {CONFIG: flow_config("{intent: confirm, goto: done}") + "    nlu: {model: .}\n"},
+            CONFIG,
+            "agents.f.nlu.model",
+            "is not a model folder: no config.json, model.safetensors, tokenizer.json",
+        ),
+    ),
+    case(
+        "nlu-matcher-unknown",
+        Case(
+            flow_files("{intent: confirm, goto: done}")
+            | {
+                CONFIG: flow_config("{intent: confirm, goto: done}") + "    nlu: {matcher: fuzzy}\n"
+            },
+            CONFIG,
+            "agents.f.nlu.matcher",
+            "'meaning' or 'lexical'",
+        ),
+    ),
     # ---- speech recognition ------------------------------------------------------------------
     case(
         "whisper-model-missing",

@@ -46,6 +46,9 @@ def test_it_installs_with_the_script_scripts_run_uses() -> None:
     # The default agent's end-of-turn model comes the same way (turn.detector: smart).
     assert "ensure_smart_turn" in (ROOT / "scripts" / "run").read_text()
     assert "ensure_smart_turn" in installs[0], "the image must install Smart Turn as scripts/run"
+    # And its sentence encoder for intents (nlu.matcher: meaning).
+    assert "ensure_minilm" in (ROOT / "scripts" / "run").read_text()
+    assert "ensure_minilm" in installs[0], "the image must install the encoder as scripts/run"
     # No second list of dependencies anywhere in the image's build.
     assert not any("pip install" in step for step in instructions("RUN"))
 

@@ -139,6 +139,35 @@ class FlowConfig(_Strict):
         return self
 
 
+class NluSettings(_Strict):
+    """How a flow agent's intents are matched (voice_agent.brains.flows.semantic)."""
+
+    # meaning: a sentence encoder's similarity blended with the wording; lexical: wording alone.
+    matcher: Literal["meaning", "lexical"] = "meaning"
+    # "all-MiniLM-L6-v2" (installed by scripts/_env.sh) or a sentence-transformers BERT folder.
+    model: str = Field(default="all-MiniLM-L6-v2", validate_default=True)
+    # Intents scoring below it match nothing; None: 0.5 by meaning, flow.match_threshold lexical.
+    threshold: float | None = Field(default=None, ge=0, le=1)
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, model: str, info: ValidationInfo) -> str:
+        # At load, so a wrong path shows before a call starts, naming this key.
+        if info.data.get("matcher") != "meaning":
+            return model
+        from voice_agent.engines.embedding.base import BUNDLED_NAME
+        from voice_agent.engines.embedding.minilm import resolve_model
+
+        base_dir = (info.context or {}).get("base_dir")
+        if model != BUNDLED_NAME and base_dir is not None:
+            model = str(Path(base_dir) / Path(model).expanduser())
+        try:
+            resolve_model(model)
+        except VoiceAgentError as e:
+            raise ValueError(str(e)) from None
+        return model
+
+
 ContextOnTransfer = Literal["all", "none"] | Annotated[int, Field(ge=0)]
 
 
@@ -316,6 +345,7 @@ class AgentConfig(_Strict):
     tools: dict[str, RemoteToolConfig] = Field(default_factory=dict)
     intents: str | None = None
     flow: FlowConfig | None = None
+    nlu: NluSettings | None = None  # flow agents; None: the defaults, by meaning
     no_input_timeout_s: float = Field(default=8.0, gt=0)
     # Where `transfer_call` may hand a caller: name -> SIP URI or phone number. The LLM gets the
     # transfer_call tool when there are any; flows name one in a route's `transfer_call`.

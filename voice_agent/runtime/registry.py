@@ -10,9 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from voice_agent.brains.flows.flow import FlowBrain, load_intents
-from voice_agent.brains.flows.intents import IntentMatcher, MatchResult
+from voice_agent.brains.flows.intents import IntentMatcher, IntentSpec, Matcher, MatchResult
+from voice_agent.brains.flows.parameters import EntitySpec
+from voice_agent.brains.flows.semantic import THRESHOLD as MEANING_THRESHOLD
+from voice_agent.brains.flows.semantic import SemanticMatcher
 from voice_agent.brains.playbook import PlaybookBrain
-from voice_agent.config import AgentConfig, LoadedConfig, load_config, read_yaml
+from voice_agent.config import AgentConfig, LoadedConfig, NluSettings, load_config, read_yaml
+from voice_agent.engines.embedding import EmbeddingError, load_encoder
 from voice_agent.errors import ConfigError
 from voice_agent.runtime.call_control import send_dtmf_schema, transfer_call_schema
 from voice_agent.runtime.functions import FunctionModule, LocalTool, load_functions
@@ -49,7 +53,7 @@ class CompiledAgent:
     on_enter: dict[str, Expression]
     on_turn: dict[str, Expression]
     remote_tools: dict[str, RemoteTool]
-    matcher: IntentMatcher | None = None
+    matcher: Matcher | None = None
     brain: Brain = field(init=False)
     remote_actions: dict[str, RemoteAction] = field(init=False)
 
@@ -132,7 +136,7 @@ def transfer_tool_schema(targets: list[str]) -> dict[str, Any]:
 class FlowHandle:
     """`flows.<name>` in code blocks: the named flow agent's intent matcher."""
 
-    def __init__(self, matcher: IntentMatcher, session: CallSession) -> None:
+    def __init__(self, matcher: Matcher, session: CallSession) -> None:
         self._matcher = matcher
         self._session = session
 
@@ -196,6 +200,26 @@ class AgentRegistry:
 
     # ---- compiling ---------------------------------------------------------------------
 
+    def _matcher(
+        self,
+        config: AgentConfig,
+        intents: list[IntentSpec],
+        entities: dict[str, EntitySpec],
+        key: str,
+    ) -> Matcher:
+        assert config.flow is not None
+        nlu = config.nlu or NluSettings.model_construct()
+        if nlu.matcher == "lexical":
+            threshold = config.flow.match_threshold if nlu.threshold is None else nlu.threshold
+            return IntentMatcher(intents, entities, threshold=threshold)
+        lexical = IntentMatcher(intents, entities, threshold=0.0)
+        try:
+            encoder = load_encoder(nlu.model)
+        except EmbeddingError as exc:
+            raise ConfigError(str(exc), file=self.file, key=f"{key}.nlu.model") from None
+        threshold = MEANING_THRESHOLD if nlu.threshold is None else nlu.threshold
+        return SemanticMatcher(lexical, encoder, threshold=threshold)
+
     def _compile(self, name: str, config: AgentConfig) -> CompiledAgent:
         file = self.file
         key = f"agents.{name}"
@@ -258,7 +282,7 @@ class AgentRegistry:
             assert config.flow is not None and config.intents is not None
             intents_path = self.loaded.resolve(config.intents)
             intents, entities = load_intents(read_yaml(intents_path, what="intents"), intents_path)
-            agent.matcher = IntentMatcher(intents, entities, threshold=config.flow.match_threshold)
+            agent.matcher = self._matcher(config, intents, entities, key)
             agent.brain = FlowBrain.compile(agent, config.flow, file=file, key=f"{key}.flow")
         else:
             agent.brain = PlaybookBrain(config.llm)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from rapidfuzz import fuzz, process
@@ -21,12 +21,24 @@ from voice_agent.brains.flows.parameters import (
 )
 from voice_agent.errors import ConfigError
 
-__all__ = ["IntentMatch", "IntentMatcher", "IntentSpec", "MatchResult", "matching_key"]
+__all__ = [
+    "FILLERS",
+    "MAX_WORDS",
+    "IntentMatch",
+    "IntentMatcher",
+    "IntentSpec",
+    "MatchResult",
+    "Matcher",
+    "matching_key",
+]
 
 # Phrases are prepared against a fixed moment: only where dates and times are matters there.
 _PHRASE_NOW = datetime(2000, 1, 3, 12, 0)
 # Hesitations carry no intent; "like" is mostly "um, like" or "i would like", also empty.
-_FILLERS = frozenset({"uh", "um", "umm", "uhm", "er", "erm", "ah", "hmm", "hm", "mm", "eh", "like"})
+FILLERS = frozenset({"uh", "um", "umm", "uhm", "er", "erm", "ah", "hmm", "hm", "mm", "eh", "like"})
+# A turn this long is no request: about two minutes of speech with no pause for an answer.
+# It matches nothing, which also bounds the cost of a pasted essay or a stuck transcript.
+MAX_WORDS = 300
 # Kept as one word so that filler removal does not turn a "yes" into nothing.
 _KEEP_TOGETHER = re.compile(r"\b(uh huh|mm hmm|uh uh)\b")
 # Function words: dropped for the word-level scorers so that the words telling intents apart
@@ -80,6 +92,17 @@ class MatchResult:
         return self.matches[0] if self.matches else None
 
 
+class Matcher(Protocol):
+    """What flows and `match_intent` need of a matcher: the lexical one or by meaning."""
+
+    intents: tuple[IntentSpec, ...]
+    entities: dict[str, EntitySpec]
+    threshold: float
+
+    def match(self, text: str, *, now: datetime) -> MatchResult: ...
+    def scores(self, text: str, *, now: datetime) -> dict[str, float]: ...
+
+
 def _placeholder(kind: str) -> str:
     # "@seating" -> "xseating": one lower-case word, so the scorers treat it as a token.
     return "x" + re.sub(r"[^a-z0-9]", "", kind.lower())
@@ -97,7 +120,7 @@ def matching_key(annotation: Annotation) -> str:
         nonlocal previous_placeholder
         chunk = _KEEP_TOGETHER.sub(lambda m: m.group(0).replace(" ", ""), chunk)
         for word in chunk.split():
-            if word not in _FILLERS:
+            if word not in FILLERS:
                 words.append(word)
                 previous_placeholder = ""
 
@@ -234,7 +257,7 @@ class IntentMatcher:
 
     def scores(self, text: str, *, now: datetime) -> dict[str, float]:
         """Every intent's confidence (0..1) for `text`, matched or not; for tuning."""
-        key = self.key(text, now=now)
+        key = self.key(text, now=now) if len(text.split()) <= MAX_WORDS else ""
         if not key or not self._keys:
             return {intent.name: 0.0 for intent in self.intents}
         confidences = self._confidences(key)
@@ -242,8 +265,9 @@ class IntentMatcher:
 
     def match(self, text: str, *, now: datetime) -> MatchResult:
         """The intents `text` matches at or above the threshold, best first, each with its
-        parameters extracted; an empty or filler-only utterance matches nothing."""
-        key = self.key(text, now=now)
+        parameters extracted; an empty, filler-only or overlong (MAX_WORDS) utterance
+        matches nothing."""
+        key = self.key(text, now=now) if len(text.split()) <= MAX_WORDS else ""
         if not key or not self._keys:
             return MatchResult(text, ())
         confidences = self._confidences(key)
