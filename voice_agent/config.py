@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import uuid
+from collections.abc import Callable, Container
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -139,6 +140,21 @@ class FlowConfig(_Strict):
         return self
 
 
+def _checked_model(
+    model: str, bundled: Container[str], resolve: Callable[[str], object], info: ValidationInfo
+) -> str:
+    """A model setting checked at load, so a wrong path shows before a call starts, naming
+    its key: a bundled name as it is, a folder relative to the config file."""
+    base_dir = (info.context or {}).get("base_dir")
+    if model not in bundled and base_dir is not None:
+        model = str(Path(base_dir) / Path(model).expanduser())
+    try:
+        resolve(model)
+    except VoiceAgentError as e:
+        raise ValueError(str(e)) from None
+    return model
+
+
 class NluSettings(_Strict):
     """How a flow agent's intents are matched (voice_agent.brains.flows.semantic)."""
 
@@ -152,20 +168,12 @@ class NluSettings(_Strict):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, model: str, info: ValidationInfo) -> str:
-        # At load, so a wrong path shows before a call starts, naming this key.
         if info.data.get("matcher") != "meaning":
             return model
         from voice_agent.engines.embedding.base import BUNDLED_NAME
         from voice_agent.engines.embedding.minilm import resolve_model
 
-        base_dir = (info.context or {}).get("base_dir")
-        if model != BUNDLED_NAME and base_dir is not None:
-            model = str(Path(base_dir) / Path(model).expanduser())
-        try:
-            resolve_model(model)
-        except VoiceAgentError as e:
-            raise ValueError(str(e)) from None
-        return model
+        return _checked_model(model, {BUNDLED_NAME}, resolve_model, info)
 
 
 ContextOnTransfer = Literal["all", "none"] | Annotated[int, Field(ge=0)]
@@ -251,19 +259,11 @@ class TurnSettings(_Strict):
     @field_validator("model")
     @classmethod
     def _turn_model_exists(cls, model: str, info: ValidationInfo) -> str:
-        # At load, so a wrong path shows before a call starts, naming this key.
         if info.data.get("detector") != "smart":
             return model
         from voice_agent.engines.turn.smart_turn import BUNDLED, resolve_model
 
-        base_dir = (info.context or {}).get("base_dir")
-        if model not in BUNDLED and base_dir is not None:
-            model = str(Path(base_dir) / Path(model).expanduser())
-        try:
-            resolve_model(model)
-        except VoiceAgentError as e:
-            raise ValueError(str(e)) from None
-        return model
+        return _checked_model(model, BUNDLED, resolve_model, info)
 
     @model_validator(mode="after")
     def _silences_in_order(self) -> TurnSettings:

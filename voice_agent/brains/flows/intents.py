@@ -30,6 +30,7 @@ __all__ = [
     "MatchResult",
     "Matcher",
     "matching_key",
+    "ranked",
 ]
 
 # Phrases are prepared against a fixed moment: only where dates and times are matters there.
@@ -90,6 +91,27 @@ class MatchResult:
     @property
     def best(self) -> IntentMatch | None:
         return self.matches[0] if self.matches else None
+
+
+def ranked(
+    text: str,
+    intents: Sequence[IntentSpec],
+    confidences: np.ndarray,
+    threshold: float,
+    now: datetime,
+    entities: Mapping[str, EntitySpec],
+) -> MatchResult:
+    """The intents whose confidence (0..1, one per intent) is at or above `threshold`, best
+    first (ties in the file's order), each with its parameters taken from `text`."""
+    matches: list[IntentMatch] = []
+    for index in np.argsort(-confidences, kind="stable"):
+        confidence = float(confidences[index])
+        if confidence < threshold:
+            break
+        intent = intents[int(index)]
+        parameters = extract_parameters(text, intent.parameters, now=now, entities=entities)
+        matches.append(IntentMatch(intent.name, round(confidence, 4), parameters))
+    return MatchResult(text, tuple(matches))
 
 
 class Matcher(Protocol):
@@ -270,15 +292,5 @@ class IntentMatcher:
         key = self.key(text, now=now) if len(text.split()) <= MAX_WORDS else ""
         if not key or not self._keys:
             return MatchResult(text, ())
-        confidences = self._confidences(key)
-        matches: list[IntentMatch] = []
-        for index in np.argsort(-confidences, kind="stable"):
-            confidence = float(confidences[index]) / 100
-            if confidence < self.threshold:
-                break
-            intent = self.intents[int(index)]
-            parameters = extract_parameters(
-                text, intent.parameters, now=now, entities=self.entities
-            )
-            matches.append(IntentMatch(intent.name, round(confidence, 4), parameters))
-        return MatchResult(text, tuple(matches))
+        confidences = self._confidences(key) / 100
+        return ranked(text, self.intents, confidences, self.threshold, now, self.entities)

@@ -25,12 +25,12 @@ import numpy as np
 from voice_agent.brains.flows.intents import (
     FILLERS,
     MAX_WORDS,
-    IntentMatch,
     IntentMatcher,
     IntentSpec,
     MatchResult,
+    ranked,
 )
-from voice_agent.brains.flows.parameters import extract_parameters, parse_yes_no
+from voice_agent.brains.flows.parameters import parse_yes_no
 from voice_agent.engines.embedding import SentenceEncoder
 
 __all__ = ["THRESHOLD", "SemanticMatcher", "cache_dir", "meaning_text"]
@@ -159,14 +159,4 @@ class SemanticMatcher:
         confidences = self._confidences(text, now)
         if confidences is None:
             return MatchResult(text, ())
-        matches: list[IntentMatch] = []
-        for index in np.argsort(-confidences, kind="stable"):
-            confidence = float(confidences[index])
-            if confidence < self.threshold:
-                break
-            intent = self.intents[int(index)]
-            parameters = extract_parameters(
-                text, intent.parameters, now=now, entities=self.entities
-            )
-            matches.append(IntentMatch(intent.name, round(confidence, 4), parameters))
-        return MatchResult(text, tuple(matches))
+        return ranked(text, self.intents, confidences, self.threshold, now, self.entities)
