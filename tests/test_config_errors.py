@@ -441,6 +441,15 @@ CASES = [
             "'meaning' or 'lexical'",
         ),
     ),
+    case(
+        "nlu-on-a-playbook",
+        Case(
+            {CONFIG: PLAYBOOK + "    nlu: {matcher: lexical}\n"},
+            CONFIG,
+            "agents.a",
+            "'nlu' is only for agents with brain: flow",
+        ),
+    ),
     # ---- speech recognition ------------------------------------------------------------------
     case(
         "whisper-model-missing",

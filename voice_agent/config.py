@@ -384,6 +384,8 @@ class AgentConfig(_Strict):
                 raise ValueError("an agent with brain: flow needs 'intents' (a file of intents)")
         elif self.flow is not None:
             raise ValueError("'flow' is only for agents with brain: flow")
+        elif self.nlu is not None:  # a playbook's LLM reads the caller itself: nothing to match
+            raise ValueError("'nlu' is only for agents with brain: flow")
         for name, target in self.destinations.items():
             if not DESTINATION.fullmatch(target):
                 raise ValueError(

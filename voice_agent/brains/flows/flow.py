@@ -307,7 +307,7 @@ class FlowBrain:
         page = self._page(session)
         now = session.now()
         assert session.agent.matcher is not None
-        # Matching by meaning encodes the utterance (about 10 ms of CPU): not on the event loop.
+        # Matching by meaning encodes the utterance (about 11 ms of CPU): not on the event loop.
         result = await asyncio.to_thread(session.agent.matcher.match, text, now=now)
         best = self._answering(page, result)
         session.audit.add(
