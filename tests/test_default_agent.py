@@ -107,6 +107,19 @@ def test_a_caller_who_answers_each_question_plainly_gets_booked(
     assert ("Maria Garcia", 4, "20:00", 0) in bookings()
 
 
+def test_a_day_said_first_and_the_time_when_asked_is_one_booking(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """ "For three next friday", and "around eight" to "For what day and time?": eight in the
+    evening on that Friday, not eight o'clock today."""
+    lines = "book a table for three next friday\naround eight\nmaria garcia\n07700 900123\n"
+    said = chat(lines + "yes\nno thanks\n", capsys, tmp_path)
+    assert said[1] == "For what day and time?"
+    assert said[4].startswith("A table for 3 on Friday, "), said[4]
+    assert " at 8 PM, under the name Maria Garcia" in said[4]
+    assert ("Maria Garcia", 3, "20:00", 0) in bookings()
+
+
 def test_a_yes_that_sounds_like_a_goodbye_books_and_does_not_hang_up(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -3,7 +3,7 @@ utterances with several parameters where types compete for the same words."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 from typing import Any
 
 import pytest
@@ -375,3 +375,36 @@ def test_a_bare_name_answers_the_prompt_it_was_asked_for() -> None:
     assert extract_parameters("john smith", form, now=NOW, prompted="phone") == {}
     for said in ("goodbye", "hello", "never mind", "i don't know", "book a table"):
         assert extract_parameters(said, form, now=NOW, prompted="name") == {}, said
+
+
+@pytest.mark.parametrize(
+    ("text", "earlier", "expected"),
+    [
+        # "this friday" in one turn, then the time asked for: Friday, at 8 pm (a later day)
+        ("around eight", {"earlier_date": date(2026, 12, 4)}, "2026-12-04T20:00"),
+        ("at nine thirty am", {"earlier_date": date(2026, 12, 4)}, "2026-12-04T09:30"),
+        # "at seven" first, then the day: that day at seven
+        ("saturday", {"earlier_time": time(19, 0)}, "2026-12-05T19:00"),
+        # what is said now wins over what was said before
+        ("tomorrow at six pm", {"earlier_date": date(2026, 12, 4)}, "2026-12-01T18:00"),
+        ("friday at noon", {"earlier_time": time(19, 0)}, "2026-12-04T12:00"),
+        # nothing earlier: a time alone is its next occurrence, a day alone no datetime
+        ("around eight", {}, "2026-11-30T20:00"),
+        ("saturday", {}, None),
+    ],
+)
+def test_a_datetime_said_in_halves_over_two_turns(
+    text: str, earlier: dict[str, Any], expected: str | None
+) -> None:
+    spec = ParameterSpec("when", "datetime")
+    found = extract_parameters(text, [spec], now=NOW, **earlier)
+    assert found.get("when") == expected
+
+
+def test_the_earlier_halves_fill_only_a_datetime() -> None:
+    """A date or a time parameter is what this turn said, never what an earlier one did."""
+    specs = [ParameterSpec("date", "date"), ParameterSpec("time", "time")]
+    found = extract_parameters(
+        "around eight", specs, now=NOW, earlier_date=date(2026, 12, 4), earlier_time=time(7)
+    )
+    assert found == {"time": "20:00"}

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from datetime import date, time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from voice_agent.brains.flows.intents import FILLERS, IntentMatch, IntentSpec, MatchResult
 from voice_agent.brains.flows.parameters import (
@@ -167,6 +168,13 @@ class FlowBrain:
         self.handlers = handlers
         self.page_intent_margin = page_intent_margin
         self.entities = agent.matcher.entities if agent.matcher else {}
+        # The parameters that hold a day or a time said on its own ("date", "time" of the
+        # default agent's intents): a form's datetime said in halves is joined from them.
+        intents = agent.matcher.intents if agent.matcher else ()
+        specs = [spec for intent in intents for spec in intent.parameters]
+        specs += [field_.spec for page in pages.values() for field_ in page.form]
+        self.date_names = tuple(dict.fromkeys(s.name for s in specs if s.type == "date"))
+        self.time_names = tuple(dict.fromkeys(s.name for s in specs if s.type == "time"))
 
     # ---- compiling ---------------------------------------------------------------------
 
@@ -325,7 +333,13 @@ class FlowBrain:
             asked = self._missing(page, session.state)
             prompted = asked[0].spec.name if asked else None
             filled = extract_parameters(
-                text, specs, now=now, entities=self.entities, prompted=prompted
+                text,
+                specs,
+                now=now,
+                entities=self.entities,
+                prompted=prompted,
+                earlier_date=_earlier(session.state, self.date_names, date.fromisoformat),
+                earlier_time=_earlier(session.state, self.time_names, time.fromisoformat),
             )
             if best is not None:
                 for field_ in unset:
@@ -516,6 +530,23 @@ class FlowBrain:
         finally:
             if content is not None:
                 session.conversation.set_tool_result(call.call_id, content)
+
+
+_T = TypeVar("_T")
+
+
+def _earlier(
+    state: Mapping[str, Any], names: tuple[str, ...], parse: Callable[[str], _T]
+) -> _T | None:
+    """The first of `names` the caller has given a value (ISO, as parameters store it)."""
+    for name in names:
+        value = state.get(name)
+        if isinstance(value, str):
+            try:
+                return parse(value)
+            except ValueError:
+                continue  # a function set it to something else: not the caller's day or time
+    return None
 
 
 def _opens_with_answer(text: str) -> bool:

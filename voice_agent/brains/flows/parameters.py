@@ -443,6 +443,9 @@ class _Analysis:
         self._all_numbers: dict[int, _Num] | None = None
         self.temporal: _Temporal | None = None
         self.mentions_time = "time" in self.words
+        # What the caller said in an earlier turn, for a datetime said in halves.
+        self.earlier_date: date | None = None
+        self.earlier_time: time | None = None
 
     def word(self, index: int) -> str:
         return self.words[index] if 0 <= index < len(self.words) else ""
@@ -1192,6 +1195,8 @@ def extract_spans(
     now: datetime,
     entities: Mapping[str, EntitySpec] | None = None,
     prompted: str | None = None,
+    earlier_date: date | None = None,
+    earlier_time: time | None = None,
 ) -> dict[str, Extracted]:
     """Like `extract_parameters`, with each value's character span in `normalise(text)`.
 
@@ -1202,8 +1207,13 @@ def extract_spans(
     time is asked for and no number or digits are. A bare name ("john smith", no "my name
     is") is a name only when it is the one parameter asked for, or the one the agent has just
     prompted for (`prompted`: a form's answer to "What name should I put it under?").
+
+    A datetime said in halves over two turns ("this friday", then "around eight" when asked
+    for the time) is whole: `earlier_date` is the day of a time said alone, and `earlier_time`
+    the time of a day said alone, as a person keeps what they were told a moment ago.
     """
     a = _Analysis(text, now)
+    a.earlier_date, a.earlier_time = earlier_date, earlier_time
     entities = entities or {}
     out: dict[str, Extracted] = {}
     kinds = {spec.type for spec in specs}
@@ -1270,8 +1280,12 @@ def _temporal_value(a: _Analysis, kind: str, allow_bare: bool) -> Extracted | No
             return None
         return Extracted(day.day.isoformat(), *a.chars(day.start, day.end))
     if clock is None:
+        if kind == "datetime" and day is not None and a.earlier_time is not None:
+            moment = datetime.combine(day.day, a.earlier_time)
+            return Extracted(moment.strftime("%Y-%m-%dT%H:%M"), *a.chars(day.start, day.end))
         return None
-    moment = _resolve(clock, day.day if day else None, a.now, found.hint)
+    on_day = day.day if day else a.earlier_date if kind == "datetime" else None
+    moment = _resolve(clock, on_day, a.now, found.hint)
     if kind == "time":
         return Extracted(moment.strftime("%H:%M"), *a.chars(clock.start, clock.end))
     start, end = clock.start, clock.end
@@ -1288,13 +1302,23 @@ def extract_parameters(
     now: datetime,
     entities: Mapping[str, EntitySpec] | None = None,
     prompted: str | None = None,
+    earlier_date: date | None = None,
+    earlier_time: time | None = None,
 ) -> dict[str, Any]:
     """The values of `specs` found in `text` (spoken or typed); a parameter not found is
     absent from the result. Values: number -> int or float, integer -> int, digits/phone ->
     str of digits, date -> "YYYY-MM-DD", time -> "HH:MM", datetime -> "YYYY-MM-DDTHH:MM",
     enum -> canonical value, yes_no -> bool, name -> title-cased str, text -> the utterance.
     See `extract_spans` for the order types are taken in and `_resolve` for the am/pm rule."""
-    found = extract_spans(text, specs, now=now, entities=entities, prompted=prompted)
+    found = extract_spans(
+        text,
+        specs,
+        now=now,
+        entities=entities,
+        prompted=prompted,
+        earlier_date=earlier_date,
+        earlier_time=earlier_time,
+    )
     return {name: extracted.value for name, extracted in found.items()}
 
 
