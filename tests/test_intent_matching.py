@@ -161,8 +161,10 @@ def test_training_phrases_per_intent(
 ) -> None:
     intents, entities = booking
     assert "seating" in entities
+    # Enough ways of saying each thing to be matched by meaning, and few enough to read
+    # through when a caller is misunderstood (docs/config.md, "nlu").
     for intent in intents:
-        assert 10 <= len(intent.phrases) <= 25, intent.name
+        assert 10 <= len(intent.phrases) <= 30, intent.name
 
 
 def test_accuracy_on_held_out_paraphrases(
