@@ -80,6 +80,7 @@ CASES: list[tuple[str, ParamType, Any]] = [
         "88005553535",
     ),
     ("four one five five five five zero one zero zero", "phone", "4155550100"),
+    ("the number's oh seven seven double oh nine double oh one two three", "phone", "07700900123"),
     ("zero seven seven zero nine double one two three four five", "phone", "07709112345"),
     ("eight hundred five five five one two one two", "phone", "8005551212"),
     ("call me on 555 0100", "phone", "5550100"),
@@ -185,6 +186,7 @@ CASES: list[tuple[str, ParamType, Any]] = [
     ("it's o'brien", "name", "O'Brien"),
     ("under the name of jones please", "name", "Jones"),
     ("name's bob", "name", "Bob"),
+    ("the surname's kowalski", "name", "Kowalski"),  # "surname's" is "surname is"
     ("mr patel", "name", "Patel"),
     ("david speaking", "name", "David"),
     ("john smith", "name", "John Smith"),

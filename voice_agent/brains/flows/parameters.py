@@ -108,8 +108,8 @@ _CONTRACTIONS: dict[str, str] = {
 }  # fmt: skip
 # Words whose "'s" is "is" rather than a possessive.
 _S_IS = frozenset(
-    "it that what where when who how there here he she name this everything nothing "
-    "something everyone".split()
+    "it that what where when who how there here he she name surname number this everything "
+    "nothing something everyone".split()
 )
 # Respellings applied word by word: contractions whose apostrophe STT dropped ("dont"), when
 # unambiguous enough, and variants that should look alike ("okay", "alright", "mister").
