@@ -13,6 +13,7 @@ import pytest
 from websockets.datastructures import Headers
 
 from voice_agent.errors import SecretError
+from voice_agent.public_url import validate_public_url
 from voice_agent.server import auth
 from voice_agent.server.auth import (
     AccessPolicy,
@@ -24,7 +25,6 @@ from voice_agent.server.auth import (
     tokens_from_secrets,
     twilio_signature,
     valid_twilio_signature,
-    validate_public_url,
 )
 from voice_agent.server.pages import static_response
 

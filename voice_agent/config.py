@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.public_url import validate_public_url
 from voice_agent.runtime.call_control import DESTINATION
 
 MAX_UPDATES_PER_TOOL = 50
@@ -430,8 +431,6 @@ class ServerSettings(_Strict):
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:
-        from voice_agent.server.auth import validate_public_url
-
         return validate_public_url(value) if value else value
 
     @field_validator("trusted_proxies")

@@ -63,6 +63,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Response
 
 from voice_agent.errors import SecretError
+from voice_agent.public_url import DEFAULT_PORTS, validate_public_url
 from voice_agent.server.pages import STATIC_PREFIX, calls_view_response
 
 HEALTH_PATH = "/healthz"
@@ -80,8 +81,6 @@ CALLS_PREFIX = "/calls/"
 TWILIO_SIGNATURE_HEADER = "X-Twilio-Signature"
 WINDOW_S = 60.0  # the failure limiter's sliding window
 REALM = "voice_agent"
-
-_DEFAULT_PORTS = {"http": "80", "ws": "80", "https": "443", "wss": "443"}
 
 
 class HeaderLookup(Protocol):
@@ -225,29 +224,13 @@ def _port_variants(scheme: str, netloc: str) -> list[str]:
 
     Twilio's own validators try both: which form it signs depends on how the URL was written.
     """
-    default = _DEFAULT_PORTS.get(scheme)
+    default = DEFAULT_PORTS.get(scheme)
     host, port = _split_netloc(netloc)
     if port is None:
         return [netloc, f"{host}:{default}"]
     if port == default:
         return [netloc, host]
     return [netloc]
-
-
-def validate_public_url(url: str) -> str:
-    """`url` without a trailing slash if it can serve as the server's public base URL.
-
-    The base Twilio and browsers use to reach the server through proxies and tunnels:
-    http(s) or ws(s), a host, an optional path prefix the proxy strips, no query or fragment.
-    """
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
-        raise ValueError(
-            f"public URL {url!r} must be an absolute http(s):// or ws(s):// URL with a host"
-        )
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise ValueError(f"public URL {url!r} must not have a query string or fragment")
-    return url.rstrip("/")
 
 
 # ---- origins and hosts --------------------------------------------------------------------
@@ -267,7 +250,7 @@ def _normalise_origin(origin: str) -> str | None:
     host = host.rstrip(".")
     if ":" in host:
         host = f"[{host}]"
-    if port is not None and str(port) != _DEFAULT_PORTS.get(scheme):
+    if port is not None and str(port) != DEFAULT_PORTS.get(scheme):
         return f"{scheme}://{host}:{port}"
     return f"{scheme}://{host}"
 
@@ -283,7 +266,7 @@ def _host_and_port(netloc: str, scheme: str) -> str:
     """A Host header or URL netloc, lowercased and without the scheme's default port."""
     host, port = _split_netloc(netloc.lower())
     host = host.rstrip(".")
-    if port is None or port == _DEFAULT_PORTS.get(scheme):
+    if port is None or port == DEFAULT_PORTS.get(scheme):
         return host
     return f"{host}:{port}"
 
