@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import sqlite3
 from pathlib import Path
@@ -118,6 +119,17 @@ def test_a_day_said_first_and_the_time_when_asked_is_one_booking(
     assert said[4].startswith("A table for 3 on Friday, "), said[4]
     assert " at 8 PM, under the name Maria Garcia" in said[4]
     assert ("Maria Garcia", 3, "20:00", 0) in bookings()
+
+
+def test_a_day_asked_about_is_the_day_of_a_booking_for_a_time_alone(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """ "Are you open on <a day>?", then "a table for two at eight": for that day, at 8 pm."""
+    day = (datetime.date.today() + datetime.timedelta(days=3)).strftime("%A")  # never today
+    lines = f"are you open on {day.lower()}\ngreat, a table for two at eight please\n"
+    said = chat(lines + "lee\n07700 900456\n/end\n", capsys, tmp_path)
+    assert said[-1].startswith(f"A table for 2 on {day}, "), said[-1]
+    assert " at 8 PM, " in said[-1]
 
 
 def test_a_yes_that_sounds_like_a_goodbye_books_and_does_not_hang_up(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from datetime import date, time
+from datetime import date, datetime, time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -171,6 +172,7 @@ class FlowBrain:
         # The parameters that hold a day or a time said on its own ("date", "time" of the
         # default agent's intents): a form's datetime said in halves is joined from them.
         intents = agent.matcher.intents if agent.matcher else ()
+        self.intent_parameters = {intent.name: intent.parameters for intent in intents}
         specs = [spec for intent in intents for spec in intent.parameters]
         specs += [field_.spec for page in pages.values() for field_ in page.form]
         self.date_names = tuple(dict.fromkeys(s.name for s in specs if s.type == "date"))
@@ -317,7 +319,11 @@ class FlowBrain:
         assert session.agent.matcher is not None
         # Matching by meaning encodes the utterance (about 11 ms of CPU): not on the event loop.
         result = await asyncio.to_thread(session.agent.matcher.match, text, now=now)
+        earlier_date = _earlier(session.state, self.date_names, date.fromisoformat)
+        earlier_time = _earlier(session.state, self.time_names, time.fromisoformat)
         best = self._answering(page, result)
+        if best is not None and (earlier_date or earlier_time):
+            best = self._with_earlier(best, text, now, earlier_date, earlier_time)
         session.audit.add(
             "intent_match",
             text=text,
@@ -338,8 +344,8 @@ class FlowBrain:
                 now=now,
                 entities=self.entities,
                 prompted=prompted,
-                earlier_date=_earlier(session.state, self.date_names, date.fromisoformat),
-                earlier_time=_earlier(session.state, self.time_names, time.fromisoformat),
+                earlier_date=earlier_date,
+                earlier_time=earlier_time,
             )
             if best is not None:
                 for field_ in unset:
@@ -360,6 +366,30 @@ class FlowBrain:
         if missing and self._page(session) is page:
             async for item in session.say(render(missing[0].prompt, session.state)):
                 yield item
+
+    def _with_earlier(
+        self,
+        best: IntentMatch,
+        text: str,
+        now: datetime,
+        earlier_date: date | None,
+        earlier_time: time | None,
+    ) -> IntentMatch:
+        """`best` with its datetimes completed by the day or time the caller gave before
+        ("are you open on sunday", then "a table for two at eight": Sunday at 8 pm); the
+        matcher extracted them from this utterance alone."""
+        specs = self.intent_parameters.get(best.intent, ())
+        if not any(spec.type == "datetime" for spec in specs):
+            return best
+        parameters = extract_parameters(
+            text,
+            specs,
+            now=now,
+            entities=self.entities,
+            earlier_date=earlier_date,
+            earlier_time=earlier_time,
+        )
+        return dataclasses.replace(best, parameters=parameters)
 
     def _answering(self, page: Page, result: MatchResult) -> IntentMatch | None:
         """The intent the turn goes by: the best match, unless one the page's own routes
