@@ -65,15 +65,15 @@ async def test_messages_sent_while_the_call_is_set_up_are_kept(
         pipeline.session.audit.subscribe(on_audit)
         return pipeline
 
-    on_message = endpoints._SocketCall.on_message
+    on_message = endpoints.SocketCall.on_message
 
-    def noting_dtmf(self: endpoints._SocketCall, message: Message) -> None:
+    def noting_dtmf(self: endpoints.SocketCall, message: Message) -> None:
         if '"dtmf"' in str(message):
             dtmf_arrived.set()
         on_message(self, message)
 
     monkeypatch.setattr(server, "start_call", held_start_call)
-    monkeypatch.setattr(endpoints._SocketCall, "on_message", noting_dtmf)
+    monkeypatch.setattr(endpoints.SocketCall, "on_message", noting_dtmf)
 
     async with caller(server, "CAheld") as phone:
         await asyncio.wait_for(entered.wait(), 20)
@@ -150,13 +150,13 @@ async def test_a_finished_call_is_freed_as_it_ends_not_by_the_garbage_collector(
     # What only the collector can free waits for a full collection, which pauses every call
     # on the worker; a call's own objects must go when it ends.
     handled = asyncio.Event()
-    run = endpoints._SocketCall.run
+    run = endpoints.SocketCall.run
 
-    async def noting_the_end(self: endpoints._SocketCall) -> None:
+    async def noting_the_end(self: endpoints.SocketCall) -> None:
         await run(self)
         handled.set()
 
-    monkeypatch.setattr(endpoints._SocketCall, "run", noting_the_end)
+    monkeypatch.setattr(endpoints.SocketCall, "run", noting_the_end)
     gc.collect()
     gc.disable()
     try:

@@ -41,7 +41,7 @@ from websockets.asyncio.server import ServerConnection
 
 from voice_agent.errors import VoiceAgentError
 from voice_agent.server.admission import TRY_AGAIN_LATER
-from voice_agent.server.endpoints import SocketOutbound, StartCall, _SocketCall, usable_call_id
+from voice_agent.server.endpoints import SocketCall, SocketOutbound, StartCall, usable_call_id
 from voice_agent.server.media_socket import MediaConnection, Message
 from voice_agent.transports.asterisk_ws import (
     AsteriskStream,
@@ -333,7 +333,7 @@ def call_id_of(start: MediaStart) -> str | None:
     return usable_call_id(start.channel_id)
 
 
-class _AsteriskCall(_SocketCall):
+class _AsteriskCall(SocketCall):
     transport = TRANSPORT
 
     def __init__(self, ws: MediaConnection, start_call: StartCall, admit: Admit | None) -> None:

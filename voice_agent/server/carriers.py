@@ -4,7 +4,7 @@ Each carrier's protocol lives in its sans-I/O codec (voice_agent.transports.<car
 documents and versions it follows). Here each codec's events are read as the few things a call
 needs (`CallStart`, caller audio, a mark played, a key pressed, the hang-up, a note for the log
 and the audit), and what the pipeline sends goes out through the codec's builders. So the five
-endpoints share one driver (`_CarrierCall`, on `_SocketCall` like /twilio's) and differ only in
+endpoints share one driver (`_CarrierCall`, on `SocketCall` like /twilio's) and differ only in
 a small adapter per carrier (`Carrier`).
 
 What the adapters decide, per carrier (docs/telephony.md has the table):
@@ -55,9 +55,9 @@ from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.endpoints import (
+    SocketCall,
     SocketOutbound,
     StartCall,
-    _SocketCall,
     refusal_text,
     usable_call_id,
 )
@@ -727,7 +727,7 @@ class KeypadOutbound(CarrierOutbound):
         self._keys = asyncio.ensure_future(self._press(self._keys, digits))
 
 
-class _CarrierCall(_SocketCall):
+class _CarrierCall(SocketCall):
     def __init__(
         self,
         ws: MediaConnection,

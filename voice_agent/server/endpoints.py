@@ -116,7 +116,7 @@ def _split(data: bytes, size: int) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
 
 
-class _SocketCall:
+class SocketCall:
     """One call's socket: feeds its messages to the protocol codec and the pipeline.
 
     Messages arriving while the call is being set up (`start_call` awaits the store and the
@@ -240,7 +240,7 @@ class TwilioOutbound(SocketOutbound):
         return await self._rest.transfer(start.account_sid, start.call_sid, transfer)
 
 
-class _TwilioCall(_SocketCall):
+class _TwilioCall(SocketCall):
     def __init__(
         self, ws: MediaConnection, start_call: StartCall, rest: TwilioRest | None = None
     ) -> None:
@@ -320,7 +320,7 @@ def _native_event(payload: dict[str, Any]) -> str:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-class _NativeCall(_SocketCall):
+class _NativeCall(SocketCall):
     def __init__(self, ws: MediaConnection, start_call: StartCall) -> None:
         super().__init__(ws, start_call)
         self.stream = native.NativeStream()
