@@ -62,7 +62,7 @@ async def test_a_code_block_reads_what_the_caller_meant(config: Path, mode: str)
     registry = AgentRegistry.from_file(config)
     session = CallSession(registry, agent="reader", args={"mode": mode})
     await spoken(session.start())
-    # Said in no training phrase's words: matched by meaning, the party size extracted.
+    # Said in no training phrase's words: matched by meaning; it names no party size.
     said = await spoken(session.user_turn("we'll have to call the whole thing off"))
     assert said == ("cancel_booking None" if mode == "sync" else "cancel_booking")
     said = await spoken(session.user_turn("what's the weather doing this afternoon"))

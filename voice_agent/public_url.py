@@ -1,7 +1,7 @@
 """The server's public base URL: the one check the config and the access policy both make.
 
 Kept out of `server/` so that `config.py`, which every layer imports, depends on nothing above
-it (issue 26: lower layers no longer reach up into the server).
+it.
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ class FlowBrain:
         self.page_intent_margin = page_intent_margin
         self.entities = agent.matcher.entities if agent.matcher else {}
         # The parameters that hold a day or a time said on its own ("date", "time" of the
-        # default agent's intents): a form's datetime said in halves is joined from them.
+        # default agent's intents): a datetime said in halves, in a form or an intent's
+        # parameters, is joined from them.
         intents = agent.matcher.intents if agent.matcher else ()
         self.intent_parameters = {intent.name: intent.parameters for intent in intents}
         specs = [spec for intent in intents for spec in intent.parameters]

@@ -429,7 +429,13 @@ class _Analysis:
     """One utterance being taken apart: its words, which are already used by a parameter,
     and lazily computed numbers and temporal expressions."""
 
-    def __init__(self, text: str, now: datetime) -> None:
+    def __init__(
+        self,
+        text: str,
+        now: datetime,
+        earlier_date: date | None = None,
+        earlier_time: time | None = None,
+    ) -> None:
         self.text = normalise(text)
         self.words: list[str] = self.text.split()
         self.starts: list[int] = []
@@ -444,8 +450,8 @@ class _Analysis:
         self.temporal: _Temporal | None = None
         self.mentions_time = "time" in self.words
         # What the caller said in an earlier turn, for a datetime said in halves.
-        self.earlier_date: date | None = None
-        self.earlier_time: time | None = None
+        self.earlier_date = earlier_date
+        self.earlier_time = earlier_time
 
     def word(self, index: int) -> str:
         return self.words[index] if 0 <= index < len(self.words) else ""
@@ -1212,8 +1218,7 @@ def extract_spans(
     for the time) is whole: `earlier_date` is the day of a time said alone, and `earlier_time`
     the time of a day said alone, as a person keeps what they were told a moment ago.
     """
-    a = _Analysis(text, now)
-    a.earlier_date, a.earlier_time = earlier_date, earlier_time
+    a = _Analysis(text, now, earlier_date, earlier_time)
     entities = entities or {}
     out: dict[str, Extracted] = {}
     kinds = {spec.type for spec in specs}
