@@ -265,14 +265,22 @@ def test_a_hum_spelt_as_letters_is_a_backchannel() -> None:
     d.core.agent_turn_started(d.now)
     d.say(1, "So that is a table for two tomorrow at seven in the evening.")
     d.play(600)
-    assert of(SendClear, d.frames(400, speech=True))  # no words while it lasts: a barge-in
-    d.frames(500, speech=False)
+    assert of(SendClear, d.frames(400, speech=True))  # no words while it lasts: a pause
+    assert of(SendAudio, d.frames(500, speech=False))  # brief: the agent went on at its end
     final = d.run(d.core.stt_final("Mm-m-m-m-m-m-m-m-", d.now))
-    assert of(StartUserTurn, final) == []
+    assert of(StartUserTurn, final) == [] and of(SendAudio, final) == []
     assert [a.data["reason"] for a in of(Audit, final) if a.type == "user_utterance_dropped"] == [
         "backchannel"
     ]
-    assert of(SendAudio, final)  # the unheard rest plays again
+    # Longer than a backchannel: the agent waits for the transcript, which lets it go on.
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "So that is a table for two tomorrow at seven in the evening.")
+    d.play(600)
+    assert of(SendClear, d.frames(1100, speech=True))
+    assert of(SendAudio, d.frames(500, speech=False)) == []
+    final = d.run(d.core.stt_final("Mm-m-m-m-m-m-m-m-", d.now))
+    assert of(StartUserTurn, final) == [] and of(SendAudio, final)
 
 
 def test_words_over_the_agent_take_the_turn_however_unsure_the_engine_is() -> None:
@@ -291,7 +299,9 @@ def test_words_over_the_agent_take_the_turn_however_unsure_the_engine_is() -> No
 
 
 def test_noise_burst_stops_the_agent_then_it_resumes_from_the_cut_word() -> None:
-    d = Driver(min_interruption_ms=300, false_interruption_timeout_ms=800)
+    # Waiting for words (or their absence) rather than going on at the pause: the way a
+    # longer noise goes, and every noise with backchannel_max_ms 0.
+    d = Driver(min_interruption_ms=300, false_interruption_timeout_ms=800, backchannel_max_ms=0)
     d.core.agent_turn_started(d.now)
     d.say(1, "Your table is booked for Friday at eight in the evening.")
     d.play(650)  # "Your table" heard
@@ -301,8 +311,9 @@ def test_noise_burst_stops_the_agent_then_it_resumes_from_the_cut_word() -> None
     resumed = d.frames(800, speech=False)
     resent = of(SendAudio, resumed)
     assert len(of(SendAudio, d.actions)) == sent_before + 1
-    # Resent from "is", the first word not heard in full (words are 300 ms, 8 bytes per ms).
-    assert len(resent[0].audio) == (10 - 2) * 300 * 8
+    # Cut at 950 ms: resent from "booked", the first word not heard in full (eleven words of
+    # 300 ms, 8 bytes per ms).
+    assert len(resent[0].audio) == (11 - 3) * 300 * 8
     assert [a.data["reason"] for a in of(Audit, resumed) if a.type == "false_interruption"] == [
         "no words"
     ]
@@ -614,3 +625,130 @@ def test_a_kept_back_transcript_stays_in_the_audit_if_the_caller_hangs_up() -> N
     d.run(d.core.stt_final("Cancel it.", d.now))
     gone = d.run(d.core.hang_up(d.now))
     assert [a.data for a in of(Audit, gone)] == [{"text": "Cancel it."}]
+
+
+# ---- a pause, not a stop: brief speech over the agent (interruption.backchannel_max_ms) --------
+
+
+def paused_by(d: Driver, ms: int) -> tuple[list[Action], list[Action]]:
+    """The agent says a sentence of eleven 300 ms words; 650 ms in, the caller speaks for `ms`
+    with no partial words (Whisper, a hosted STT), then falls silent. What the speech did, and
+    what the silence did until the caller's turn ended."""
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Your table is booked for Friday at eight in the evening.")
+    d.play(650)
+    return d.frames(ms, speech=True), d.frames(500, speech=False)
+
+
+def sent_bytes(actions: list[Action]) -> int:
+    return sum(len(a.audio) for a in of(SendAudio, actions))
+
+
+def test_brief_speech_pauses_the_agent_which_goes_on_from_the_sample_it_stopped_at() -> None:
+    d = Driver(min_interruption_ms=300)
+    speech, silence = paused_by(d, 400)
+    # Stopped at 300 ms of speech, but its turn goes on: nothing cancelled.
+    assert of(SendClear, speech) and not of(CancelAgentTurn, speech)
+    (barge,) = [a for a in of(Audit, speech) if a.type == "barge_in"]
+    assert barge.data["paused"] is True
+    (resumed,) = [a for a in silence if isinstance(a, SendAudio)]
+    stopped_at_ms = barge.data["clear_sent_ms"]  # 950 ms into the sentence
+    # It went on at the caller's pause, 220 ms after their speech ended, without the transcript.
+    resumed_ms = 650 + 400 + 220
+    assert d.core.playback.queue[0].started_ms == resumed_ms
+    assert [a.data["reason"] for a in of(Audit, silence) if a.type == "false_interruption"] == [
+        "brief"
+    ]
+    # Nothing said twice: what had played before the stop and what is sent now make the
+    # sentence once.
+    assert stopped_at_ms == 950 and len(resumed.audio) == (3300 - 950) * 8
+    # Going on is not an answer to the caller: no turn latency is taken from it.
+    assert of(TurnMetrics, silence) == []
+    final = d.run(d.core.stt_final("uh huh", d.now))
+    assert of(StartUserTurn, final) == [] and of(SendAudio, final) == []
+    assert [a.data["reason"] for a in of(Audit, final)] == ["backchannel"]
+    assert of(CommitReply, d.play(10_000)) == [
+        CommitReply(1, "Your table is booked for Friday at eight in the evening.")
+    ]
+
+
+def test_a_paused_agent_goes_on_making_its_reply_and_says_all_of_it() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    out = d.run(d.core.agent_text(1, "Your table is booked. ", d.now))
+    (first,) = of(Synthesize, out)
+    d.run(d.core.tts_audio(1, first.text, b"\xff" * 1200 * 8, 1200, d.now))
+    d.play(650)
+    speech = d.frames(300, speech=True)
+    assert of(SendClear, speech) and d.core.reply_wanted(1)
+    # The rest of the reply is written and synthesised while the agent is paused: kept.
+    out = d.run(d.core.agent_text(1, "See you on Friday.", d.now))
+    out += d.run(d.core.agent_reply_end(1, d.now))
+    (second,) = of(Synthesize, out)
+    held = d.run(d.core.tts_audio(1, second.text, b"\xfe" * 900 * 8, 900, d.now))
+    assert of(SendAudio, held) == [] and of(CommitReply, held) == []
+    resumed = d.frames(300, speech=False)
+    # The rest of the first sentence from where it stopped (to a sample), then the second.
+    rest, after = (len(a.audio) for a in of(SendAudio, resumed))
+    assert abs(rest - (1200 - 950) * 8) <= 8 and after == 900 * 8
+    d.frames(300, speech=False)
+    d.run(d.core.stt_final("mm-hmm", d.now))
+    assert of(CommitReply, d.play(10_000)) == [
+        CommitReply(1, "Your table is booked. See you on Friday.")
+    ]
+
+
+def test_words_in_the_transcript_after_the_agent_went_on_stop_it_and_take_the_turn() -> None:
+    d = Driver(min_interruption_ms=300)
+    paused_by(d, 400)  # went on at 1270 ms, from 950 ms into the sentence
+    d.play(400)  # "booked" (900-1200) and "for" (1200-1500) heard since, then the transcript
+    final = d.run(d.core.stt_final("wait", d.now))
+    assert of(SendClear, final) and of(CancelAgentTurn, final)
+    assert of(CommitReply, final) == [CommitReply(1, "Your table is booked for")]
+    assert of(StartUserTurn, final) == [StartUserTurn("wait")]
+
+
+def test_a_backchannel_whose_transcript_comes_after_the_agent_finished_is_not_a_turn() -> None:
+    d = Driver(min_interruption_ms=300)
+    paused_by(d, 400)
+    committed = of(CommitReply, d.play(10_000))
+    assert committed == [CommitReply(1, "Your table is booked for Friday at eight in the evening.")]
+    final = d.run(d.core.stt_final("uh-huh", d.now))
+    assert of(StartUserTurn, final) == []
+    assert [a.data["reason"] for a in of(Audit, final)] == ["backchannel"]
+
+
+def test_speaking_on_after_the_agent_went_on_pauses_it_again() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Your table is booked for Friday at eight in the evening.")
+    d.play(650)
+    d.frames(400, speech=True)
+    assert of(SendAudio, d.frames(240, speech=False))  # went on at the pause
+    again = d.frames(40, speech=True)  # "uh-huh ... but what about" : the same utterance
+    assert of(SendClear, again)
+
+
+def test_longer_speech_waits_for_its_transcript_and_nothing_is_said_meanwhile() -> None:
+    for speech_ms, limit in ((1200, 1000), (400, 0)):
+        d = Driver(min_interruption_ms=300, backchannel_max_ms=limit)
+        speech, silence = paused_by(d, speech_ms)
+        assert of(SendClear, speech) and of(SendAudio, silence) == []
+        final = d.run(d.core.stt_final("mm-hmm", d.now))
+        assert len(of(SendAudio, final)) == 1  # the transcript said backchannel: on it goes
+        assert [a.data["reason"] for a in of(Audit, final) if a.type == "false_interruption"] == [
+            "backchannel"
+        ]
+
+
+def test_brief_speech_with_a_real_partial_word_is_a_barge_in_at_once() -> None:
+    d = Driver(min_interruption_ms=300)
+    d.core.agent_turn_started(d.now)
+    d.say(1, "Your table is booked for Friday at eight in the evening.")
+    d.play(650)
+    speech = d.frames(400, speech=True, partial="stop")
+    assert of(SendClear, speech) and of(CancelAgentTurn, speech)
+    assert of(SendAudio, d.frames(500, speech=False)) == []
+    final = d.run(d.core.stt_final("stop", d.now))
+    assert of(CommitReply, final) == [CommitReply(1, "Your table is")]
+    assert of(StartUserTurn, final) == [StartUserTurn("stop")]

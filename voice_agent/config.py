@@ -294,6 +294,7 @@ class InterruptionSettings(_Strict):
         ]
     )
     resume_after_false_interruption: bool = True
+    backchannel_max_ms: int = Field(default=1000, ge=0)
 
 
 class VoiceSettings(_Strict):

@@ -43,6 +43,11 @@ class InterruptionConfig:
     false_interruption_timeout_ms: int = 1500  # no words by then: the agent resumes
     backchannels: tuple[str, ...] = DEFAULT_BACKCHANNELS
     resume_after_false_interruption: bool = True
+    # Caller speech over the agent that stops within this long is taken for a backchannel as
+    # soon as the caller's pause is heard (TurnConfig.stt_tail_ms of silence): the paused agent goes
+    # on from where it stopped, before the transcript; words in the transcript still stop it
+    # and take the turn. 0: the agent waits for the transcript.
+    backchannel_max_ms: int = 1000
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,8 @@ class _Utterance:
     # It began before the agent's answer to the turn before had been heard to the end (the
     # agent still thinking, or speaking): it may be the rest of that turn, not a reply to it.
     over_answer: bool = False
+    # It paused the agent, which went on before its transcript came (CallCore._speech_stopped).
+    resumed_over: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,10 +207,16 @@ class _Closed:
 
 @dataclass
 class _Interruption:
+    """The agent stopped for the caller's speech. Until its words say whether it was a barge-in
+    the agent is only paused: its reply goes on being generated and synthesised, and the audio
+    that comes meanwhile joins `unheard`, to play on after a backchannel."""
+
     started_ms: float
     deadline_ms: float
     unheard: list[Chunk]
     heard: dict[int, str]
+    into_unheard_ms: float = 0.0  # how much of the first unheard chunk had played
+    paused: bool = True  # False: words had made it a barge-in at once, the agent's turn over
 
 
 class CallCore:
@@ -235,6 +248,7 @@ class CallCore:
         self._answered: _Closed | None = None  # the caller's last turn, which speech may continue
         self._held: _Closed | None = None  # a turn kept back: the caller spoke again at once
         self._began_over_answer = False  # of the utterance under way (see _Utterance)
+        self._resumed_early = False  # of the utterance under way (see _Utterance)
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -273,6 +287,7 @@ class CallCore:
         actions: list[Action] = []
         if step.started:
             self._began_over_answer = self.agent_busy or self.playback.playing
+            self._resumed_early = False
             self._no_input_deadline = None
             self._metrics = {"speech_start_ms": self.turns.speech_start_ms}
             actions.append(_START_STT)
@@ -290,6 +305,8 @@ class CallCore:
         if is_speech and not self._segment_spent and self._interruption is None:
             if self._agent_audible() and self._is_barge_in(now_ms):
                 actions.extend(self._barge_in(now_ms))
+        if (step.paused or step.ended) and self._interruption is not None:
+            actions.extend(self._speech_stopped(now_ms))
         if step.ended:
             actions.extend(self._turn_ended(now_ms))
         return actions
@@ -299,7 +316,10 @@ class CallCore:
         self._judging = None
         start = self.turns.speech_start_ms
         began = start if start is not None else now_ms
-        self._awaiting.append(_Utterance(began, now_ms, self._began_over_answer))
+        self._awaiting.append(
+            _Utterance(began, now_ms, self._began_over_answer, self._resumed_early)
+        )
+        self._resumed_early = False
         if self._metrics is not None:
             self._metrics["speech_end_ms"] = self.turns.speech_end_ms
             self._metrics["end_of_turn_ms"] = now_ms
@@ -348,26 +368,26 @@ class CallCore:
         return len(real) >= rules.min_interruption_words
 
     def _barge_in(self, now_ms: float) -> list[Action]:
-        """Stop the agent at once; what it means is decided when words arrive (or don't)."""
+        """Stop the agent's audio at once. Words already heard (an engine that streams them)
+        make it a barge-in now; without them the agent is only paused, its reply going on
+        being made, until words arrive (or don't) and say which it was."""
         self._segment_spent = True
         cut = self.playback.cut(now_ms)
         if self._streaming is not None:
             # The sentence still streaming is now (the rest of) one of the unheard chunks.
             self._streaming = next((c for c in cut.unheard if not c.complete), None)
         actions: list[Action] = [_CLEAR]
-        if self.agent_busy:
-            actions.append(_CANCEL)
-            self.agent_busy = False
-        for reply in self._replies.values():
-            reply.cancelled = True
-            reply.done = True
-            reply.synth_pending = 0
+        _, real = self._real_words(self._partial)
+        if real:
+            actions.extend(self._stop_agent())
         started = self.turns.speech_start_ms if self.turns.speech_start_ms is not None else now_ms
         self._interruption = _Interruption(
             started,
             now_ms + self.config.interruption.false_interruption_timeout_ms,
             cut.unheard,
             cut.heard,
+            cut.into_unheard_ms,
+            paused=not real,
         )
         actions.append(
             Audit(
@@ -376,12 +396,50 @@ class CallCore:
                     "caller_speech_start_ms": started,
                     "clear_sent_ms": now_ms,
                     "latency_ms": now_ms - started,
+                    "paused": not real,
                     "heard": {str(reply_id): text for reply_id, text in cut.heard.items()},
                     "unheard": " ".join(chunk.text for chunk in cut.unheard),
                 },
             )
         )
         return actions
+
+    def _stop_agent(self) -> list[Action]:
+        """The agent's turn is over: nothing more of its replies is made or spoken."""
+        actions: list[Action] = []
+        if self.agent_busy:
+            actions.append(_CANCEL)
+            self.agent_busy = False
+        for reply in self._replies.values():
+            reply.cancelled = True
+            reply.done = True
+            reply.synth_pending = 0
+        return actions
+
+    def _speech_stopped(self, now_ms: float) -> list[Action]:
+        """The caller's speech that paused the agent has stopped (or its turn has ended). Brief,
+        and with no word in it so far that is not a backchannel, it is most likely one: the
+        agent goes on now, from the sample where it stopped, rather than a transcript's wait
+        later. The transcript still decides: words in it stop the agent and take the turn."""
+        interruption = self._interruption
+        limit = self.config.interruption.backchannel_max_ms
+        start, end = self.turns.speech_start_ms, self.turns.speech_end_ms
+        if interruption is None or not interruption.paused or limit <= 0:
+            return []
+        if start is None or end is None:
+            return []
+        if end - start > limit or self._real_words(self._partial)[1]:
+            return []
+        before = self._answered
+        window = self.config.turn.continuation_window_ms
+        if self._began_over_answer and before is not None and start - before.end_ms <= window:
+            return []  # begun straight after the caller's own turn: likely the rest of it
+        if not self.config.interruption.resume_after_false_interruption:
+            return []  # nothing resumes before the transcript: it alone decides
+        self._interruption = None
+        self._segment_spent = False  # speaking on over the resumed agent pauses it again
+        self._resumed_early = True
+        return self._resume(interruption, now_ms, "brief", from_sample=True)
 
     # ---- STT results -------------------------------------------------------------------
 
@@ -425,6 +483,10 @@ class CallCore:
             actions = [Audit("user_utterance_dropped", {"text": text, "reason": "empty"})]
             self._arm_no_input(now_ms)
             return actions
+        if utterance.resumed_over and not real:
+            # The agent went on when this stopped, and may have finished since: still only a
+            # backchannel, never a turn to answer.
+            return [Audit("user_utterance_dropped", {"text": text, "reason": "backchannel"})]
         if self._agent_audible():
             if not real:
                 return [Audit("user_utterance_dropped", {"text": text, "reason": "backchannel"})]
@@ -482,6 +544,12 @@ class CallCore:
         self._metrics["user_turn_ms"] = now_ms
         return [StartUserTurn(text, continues)]
 
+    def _answer_metrics(self) -> dict[str, float | None] | None:
+        """The latency figures of the caller's turn being answered, if one is: the agent going on
+        with an earlier reply (after a pause for the caller) is no answer to it."""
+        metrics = self._metrics
+        return metrics if metrics is not None and "user_turn_ms" in metrics else None
+
     def _committed_text(self, reply_id: int, heard: str) -> str | None:
         """The generated text cut to as many words as were heard.
 
@@ -495,15 +563,21 @@ class CallCore:
         return " ".join(reply.generated.split()[:count]) or None
 
     def _commit_cut(self, heard: dict[int, str]) -> list[Action]:
-        """A real interruption: every reply not yet committed keeps only what was heard."""
-        actions: list[Action] = []
+        """A real interruption: the agent's turn is over (if a pause had kept it going), and
+        every reply not yet committed keeps only what was heard."""
+        actions = self._stop_agent()
         for reply_id in list(self._replies):
             text = heard.get(reply_id, self.playback.heard_text(reply_id))
             actions.append(CommitReply(reply_id, self._committed_text(reply_id, text)))
             self._forget(reply_id)
         return actions
 
-    def _resume(self, interruption: _Interruption, now_ms: float, reason: str) -> list[Action]:
+    def _resume(
+        self, interruption: _Interruption, now_ms: float, reason: str, from_sample: bool = False
+    ) -> list[Action]:
+        """The agent goes on with what it had not said: from the start of the word it stopped
+        in, or, straight after a brief pause (`from_sample`), from the sample it stopped at, as
+        a person goes on after an "uh-huh" without saying the word again."""
         actions: list[Action] = [
             Audit(
                 "false_interruption",
@@ -513,7 +587,13 @@ class CallCore:
         if not self.config.interruption.resume_after_false_interruption:
             actions.extend(self._commit_cut(interruption.heard))
             return actions
-        for chunk in interruption.unheard:
+        unheard = interruption.unheard
+        if from_sample and unheard and interruption.into_unheard_ms > 0:
+            first = self.playback.trim(unheard[0], interruption.into_unheard_ms)
+            if self._streaming is unheard[0]:
+                self._streaming = first
+            unheard = [first, *unheard[1:]]
+        for chunk in unheard:
             actions.extend(self._send_chunk(chunk, now_ms))
         for reply_id in list(self._replies):
             actions.extend(self._maybe_commit(reply_id))
@@ -557,8 +637,9 @@ class CallCore:
         reply = self._replies.setdefault(reply_id, _Reply())
         if reply.cancelled:
             return []
-        if self._metrics is not None and "first_token_ms" not in self._metrics:
-            self._metrics["first_token_ms"] = now_ms
+        metrics = self._answer_metrics()
+        if metrics is not None and "first_token_ms" not in metrics:
+            metrics["first_token_ms"] = now_ms
         reply.generated += text
         sentences = reply.splitter.push(text)
         reply.synth_pending += len(sentences)
@@ -608,7 +689,7 @@ class CallCore:
         elif audio:
             # A sentence's first audio (the rest of a streamed one may still come in after the
             # caller has started a new turn, and is not that turn's).
-            metrics = self._metrics
+            metrics = self._answer_metrics()
             if metrics is not None and "first_tts_audio_ms" not in metrics:
                 metrics["first_tts_audio_ms"] = now_ms
             if last:
@@ -618,7 +699,11 @@ class CallCore:
             else:
                 chunk = Chunk(reply_id, text, (), audio, duration_ms, "", complete=False)
                 self._streaming = chunk
-            actions.extend(self._send_chunk(chunk, now_ms))
+            if self._interruption is not None:
+                # The agent is paused for the caller: this plays if it goes on.
+                self._interruption.unheard.append(chunk)
+            else:
+                actions.extend(self._send_chunk(chunk, now_ms))
         actions.extend(self._maybe_commit(reply_id))
         return actions
 
@@ -685,7 +770,7 @@ class CallCore:
         actions: list[Action] = [SendAudio(chunk.all_audio())]
         if chunk.complete:
             actions.append(SendMark(chunk.mark))
-        metrics = self._metrics
+        metrics = self._answer_metrics()
         if metrics is not None and "first_audio_sent_ms" not in metrics:
             metrics["first_audio_sent_ms"] = now_ms
             # How much audio that first send held: a whole sentence when the engine gives one

@@ -77,6 +77,8 @@ class Cut:
     heard: dict[int, str]  # reply_id -> the words heard of it
     unheard: list[Chunk]  # what was not heard, from the first unheard word, in order
     position_ms: float  # how far into the playing chunk the caller got
+    # How much of the first unheard chunk had played: the start of the word the cut fell in.
+    into_unheard_ms: float = 0.0
 
 
 @dataclass
@@ -128,6 +130,7 @@ class PlaybackTracker:
         """Barge-in: count the words of the playing chunk heard so far; the rest is unheard."""
         unheard: list[Chunk] = []
         position = 0.0
+        into_unheard = 0.0
         if self.queue:
             head = self.queue[0]
             position = max(
@@ -142,6 +145,7 @@ class PlaybackTracker:
             rest = words[len(done) :]
             self.heard_words.setdefault(head.reply_id, []).extend(w.text for w in done)
             if rest:
+                into_unheard = max(0.0, min(position, head.duration_ms) - rest[0].start_ms)
                 offset = int(rest[0].start_ms * self.bytes_per_ms)
                 offset -= offset % self.sample_bytes
                 unheard.append(
@@ -162,7 +166,31 @@ class PlaybackTracker:
         replies = {chunk.reply_id for chunk in self.queue}
         self.queue.clear()
         heard = {reply_id: self.heard_text(reply_id) for reply_id in replies}
-        return Cut(heard, unheard, position)
+        return Cut(heard, unheard, position, into_unheard)
+
+    def trim(self, chunk: Chunk, ms: float) -> Chunk:
+        """`chunk` less its first `ms` of audio: the rest of a sentence from the sample where it
+        stopped. A word begun in the part left out keeps its place, starting at 0."""
+        offset = int(ms * self.bytes_per_ms)
+        offset -= offset % self.sample_bytes
+        audio = chunk.all_audio()
+        if offset <= 0 or offset >= len(audio):
+            return chunk
+        ms = offset / self.bytes_per_ms
+        words = tuple(
+            Word(w.text, max(0.0, w.start_ms - ms), w.end_ms - ms)
+            for w in chunk.words
+            if w.end_ms > ms
+        )
+        return Chunk(
+            chunk.reply_id,
+            " ".join(w.text for w in words) if chunk.complete else chunk.text,
+            words,
+            audio[offset:],
+            chunk.duration_ms - ms,
+            chunk.mark,
+            complete=chunk.complete,
+        )
 
     def forget(self, reply_id: int) -> None:
         self.heard_words.pop(reply_id, None)

@@ -143,6 +143,7 @@ def core_config(
             false_interruption_timeout_ms=voice.interruption.false_interruption_timeout_ms,
             backchannels=tuple(voice.interruption.backchannels),
             resume_after_false_interruption=voice.interruption.resume_after_false_interruption,
+            backchannel_max_ms=voice.interruption.backchannel_max_ms,
         ),
         no_input_timeout_ms=int(no_input_timeout_s * 1000),
     )
