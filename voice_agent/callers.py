@@ -133,6 +133,7 @@ class Clear:
     at: float
     dropped_bytes: int
     marks_returned: tuple[str, ...]
+    frames_before: int = 0  # how many frames of audio had arrived when it came
 
 
 @dataclass
@@ -399,7 +400,7 @@ class _Caller:
         returned = list(self._pending)
         self._pending.clear()
         self._wake_playback.set()
-        self.clears.append(Clear(now, dropped, tuple(m.name for m in returned)))
+        self.clears.append(Clear(now, dropped, tuple(m.name for m in returned), len(self.frames)))
         for mark in returned:
             await self._echo(mark, cleared=True)
 
@@ -518,6 +519,17 @@ class _Caller:
             return received if received >= min_ms else None
 
         return await self.wait_until(enough, f"{min_ms} ms of audio")
+
+    async def wait_audio_after(self, clear: Clear) -> ReceivedAudio:
+        """Wait until audio arrives that the server sent after `clear` (the agent speaking
+        again); returns its first frame. Unlike `received_ms` read after `wait_clear`, this
+        holds however soon that audio follows the clear."""
+
+        def after() -> ReceivedAudio | None:
+            count = clear.frames_before
+            return self.frames[count] if len(self.frames) > count else None
+
+        return await self.wait_until(after, f"audio after the clear at {clear.at:.3f}")
 
     async def wait_clear(self, count: int = 1) -> Clear:
         """Wait until `count` clears have arrived in all; returns the `count`-th."""
