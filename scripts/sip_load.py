@@ -39,7 +39,7 @@ What it measures:
   (% of a core per concurrent call); also the mean and max each second, and where the calls
   were at their peak;
 - RTP send lateness: the SIP gateway's media clock sends every call its packet on one 20 ms
-  tick (voice_agent/server/sip.py); with `record_lateness` set it keeps how late each tick ran
+  tick (voice_agent/gateways/sip.py); with `record_lateness` set it keeps how late each tick ran
   against its deadline (`send_lateness_ms`). The child also times each tick, so the lateness of
   the tick's last packet (tick lateness + the time to send every call's packet) is reported
   too, with the tick's own time on the thread's CPU clock. Percentiles over the whole run and

@@ -45,14 +45,14 @@ from tests.support.configs import (
 from voice_agent.audio.g711 import alaw_encode
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
-from voice_agent.server.app import VoiceServer
-from voice_agent.server.asterisk_ws import (
+from voice_agent.gateways.asterisk_ws import (
     PROBE_ID,
     AsteriskOutbound,
     agent_and_args,
     asterisk_endpoint,
 )
-from voice_agent.server.media_socket import MediaConnection
+from voice_agent.gateways.media_socket import MediaConnection
+from voice_agent.server.app import VoiceServer
 from voice_agent.transports import asterisk_ws as codec
 from voice_agent.transports.errors import ProtocolError, ProtocolWarning
 
@@ -785,7 +785,7 @@ async def test_outbound_probes_plain_text_for_marks(monkeypatch: pytest.MonkeyPa
     out.mark_processed(PROBE_ID)
     assert out.mode.value == "asterisk"
     # Unanswered, the probe gives way to the estimate.
-    monkeypatch.setattr("voice_agent.server.asterisk_ws.PROBE_TIMEOUT_S", 0.01)
+    monkeypatch.setattr("voice_agent.gateways.asterisk_ws.PROBE_TIMEOUT_S", 0.01)
     out, ws, heard = stub_outbound(plain)
     out.answer()
     out.audio(b"\x07" * 160)
@@ -795,7 +795,7 @@ async def test_outbound_probes_plain_text_for_marks(monkeypatch: pytest.MonkeyPa
 
 
 async def test_outbound_gives_up_on_an_endless_xoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("voice_agent.server.asterisk_ws.MAX_HELD_MS", 100)
+    monkeypatch.setattr("voice_agent.gateways.asterisk_ws.MAX_HELD_MS", 100)
     out, ws, _ = stub_outbound()
     out.media_xoff()
     out.audio(b"\x08" * 160 * 6)  # 120 ms

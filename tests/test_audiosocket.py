@@ -32,8 +32,8 @@ from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
 from voice_agent.core.sentences import SentenceSplitter
 from voice_agent.errors import ConfigError
+from voice_agent.gateways.audiosocket import AudioSocketServer
 from voice_agent.server.app import VoiceServer
-from voice_agent.server.audiosocket import AudioSocketServer
 from voice_agent.transports import audiosocket as wire
 from voice_agent.transports.errors import ProtocolError, ProtocolWarning
 

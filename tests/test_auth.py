@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from websockets.datastructures import Headers
 
+from voice_agent.callcontrol.twilio_rest import twilio_signature, valid_twilio_signature
 from voice_agent.errors import SecretError
 from voice_agent.public_url import validate_public_url
 from voice_agent.server import auth
@@ -23,8 +24,6 @@ from voice_agent.server.auth import (
     client_address,
     startup_notices,
     tokens_from_secrets,
-    twilio_signature,
-    valid_twilio_signature,
 )
 from voice_agent.server.pages import static_response
 

@@ -49,8 +49,8 @@ from tests.support.configs import (
 )
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
+from voice_agent.gateways.carriers import MAX_NOTES
 from voice_agent.server.app import VoiceServer
-from voice_agent.server.carriers import MAX_NOTES
 
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"

@@ -53,7 +53,7 @@ from tests.support.configs import (
 )
 from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.audio.resample import resample
-from voice_agent.server import carriers
+from voice_agent.gateways import carriers
 from voice_agent.server.app import VoiceServer
 from voice_agent.transports import exotel, jambonz, vonage
 

@@ -28,7 +28,7 @@ from websockets.typing import Subprotocol
 from tests.support.configs import serving
 from voice_agent.audio.wav import read_wav
 from voice_agent.callers import NativeClient
-from voice_agent.server import carriers
+from voice_agent.gateways import carriers
 from voice_agent.server.app import VoiceServer
 from voice_agent.transports import asterisk_ws, jambonz, native, twilio, vonage
 

@@ -1,5 +1,5 @@
-"""The media sockets read a call's frames themselves (voice_agent/server/websocket_frames.py,
-voice_agent/server/media_socket.py). Fed bytes the way a transport hands them over, cut
+"""The media sockets read a call's frames themselves (voice_agent/gateways/websocket_frames.py,
+voice_agent/gateways/media_socket.py). Fed bytes the way a transport hands them over, cut
 anywhere, they must make of any stream exactly what `websockets`' own parser makes of it: the
 same messages, and the same bytes back (pongs, close frames with their codes and reasons, the
 end of the TCP stream). Over real sockets, `websockets` still answers pings, takes the pongs of
@@ -29,8 +29,8 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from voice_agent.server import websocket_frames
-from voice_agent.server.media_socket import MediaConnection, Message
+from voice_agent.gateways import websocket_frames
+from voice_agent.gateways.media_socket import MediaConnection, Message
 
 MAX_SIZE = 2**16
 SMALL_LIMIT = 600  # for the property test: messages past it are quick to make

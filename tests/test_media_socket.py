@@ -1,5 +1,5 @@
 """The media sockets over real WebSockets on localhost: each message is handled as it arrives
-(voice_agent/server/media_socket.py), so these check what a queue and a handler task used to
+(voice_agent/gateways/media_socket.py), so these check what a queue and a handler task used to
 give for free: nothing a caller sends while the call is being set up is lost, and a failure
 while handling one call's message ends that call and no other."""
 
@@ -19,10 +19,10 @@ from websockets.asyncio.client import connect
 
 from tests.support.configs import ended_call, serving
 from voice_agent.callers import TwilioClient
+from voice_agent.gateways import endpoints
+from voice_agent.gateways.media_socket import Message
 from voice_agent.runtime.audit import AuditEvent
-from voice_agent.server import endpoints
 from voice_agent.server.app import VoiceServer
-from voice_agent.server.media_socket import Message
 from voice_agent.transports import twilio
 
 ROOT = Path(__file__).parent.parent

@@ -10,12 +10,12 @@ import math
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from voice_agent.callcontrol.placed_calls import Answered, PlacedCalls, Unanswered, Verdict
+from voice_agent.callcontrol.plivo_rest import parse_callback as plivo_callback
+from voice_agent.callcontrol.plivo_rest import stream_xml
+from voice_agent.callcontrol.telnyx_rest import parse_webhook, valid_webhook_signature
+from voice_agent.callcontrol.twilio_rest import parse_status, stream_twiml
 from voice_agent.core.callee_hello import MIN_SPEECH_MS, PAUSE_MS, QUIET_MS, CalleeHello
-from voice_agent.server.placed_calls import Answered, PlacedCalls, Unanswered, Verdict
-from voice_agent.server.plivo_rest import parse_callback as plivo_callback
-from voice_agent.server.plivo_rest import stream_xml
-from voice_agent.server.telnyx_rest import parse_webhook, valid_webhook_signature
-from voice_agent.server.twilio_rest import parse_status, stream_twiml
 
 
 def feed(hello: CalleeHello, pattern: list[tuple[bool, float]], start_ms: float = 0.0) -> float:

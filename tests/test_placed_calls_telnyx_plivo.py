@@ -37,8 +37,8 @@ from tests.test_carrier_calls_telnyx_plivo import (
     telnyx_call_id,
 )
 from tests.test_sip_calls import spoken_ulaw
+from voice_agent.callcontrol.plivo_rest import v3_signature
 from voice_agent.server.app import VoiceServer
-from voice_agent.server.plivo_rest import v3_signature
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -28,9 +28,9 @@ from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, se
 from tests.support.placed_calls import MESSAGE, add_reminder_agent, on_control_port
 from tests.test_carrier_call_control import StandIn
 from tests.test_sip_calls import spoken_ulaw
+from voice_agent.callcontrol.twilio_rest import twilio_signature
 from voice_agent.callers import TwilioClient
 from voice_agent.server.app import VoiceServer
-from voice_agent.server.auth import twilio_signature
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from voice_agent.server.plivo_rest import v3_signature
+from voice_agent.callcontrol.plivo_rest import v3_signature
 
 TOKEN = "plivo-token-123"
 NONCE = "12345678901234567890"

@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import report
 from voice_agent.audio.g711 import ulaw_decode
-from voice_agent.server import recording
-from voice_agent.server.recording import (
+from voice_agent.pipeline import recording
+from voice_agent.pipeline.recording import (
     CallRecorder,
     Recording,
     find_recording,

@@ -39,9 +39,9 @@ from voice_agent.audio.resample import resample
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.stt.scoring import spoken_words
 from voice_agent.engines.tts.piper import default_voice_paths, load_voice
+from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.server.app import VoiceServer
-from voice_agent.server.pipeline import CallPipeline
 from voice_agent.sip.message import parse_message
 from voice_agent.sip.sdp import parse_sdp
 

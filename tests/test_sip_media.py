@@ -1,5 +1,5 @@
 """One SIP call's RTP (voice_agent/sip/media.py) on a virtual clock, and what the SIP listener
-decides before any socket (voice_agent/server/sip.py): which agent answers, with which args,
+decides before any socket (voice_agent/gateways/sip.py): which agent answers, with which args,
 and the settings it refuses."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.config import SipSettings
 from voice_agent.errors import ConfigError, VoiceAgentError
-from voice_agent.server.sip import RtpPorts, SipGateway, route_call
+from voice_agent.gateways.sip import RtpPorts, SipGateway, route_call
 from voice_agent.sip.media import RtpSession
 from voice_agent.sip.message import parse_message
 from voice_agent.sip.sdp import negotiate, parse_sdp

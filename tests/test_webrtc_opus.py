@@ -20,7 +20,7 @@ import av
 from aiortc.codecs.opus import OpusDecoder
 from aiortc.jitterbuffer import JitterFrame
 
-from voice_agent.server.webrtc_opus import SETTLE_FRAMES, OpusVoice
+from voice_agent.gateways.webrtc_opus import SETTLE_FRAMES, OpusVoice
 
 AUDIO = Path(__file__).resolve().parent / "fixtures" / "audio"
 RATE = 16000

@@ -356,7 +356,7 @@ class AgentConfig(_Strict):
     # Listen for an answering machine from the answer on (meant for calls the agent places):
     # the `voicemail` event comes when the message can start (voice_agent.core.voicemail).
     answering_machine: bool = False
-    hold: HoldSettings | None = None  # audio while a turn takes long (server/hold.py)
+    hold: HoldSettings | None = None  # audio while a turn takes long (pipeline/hold.py)
     # What the agent says to a call still live when a draining server's deadline comes
     # (`server.drain_deadline_s`), before it hangs up; null hangs up without a word.
     drain_goodbye: str | None = "I'm sorry, I have to end our call now. Goodbye."
@@ -452,7 +452,8 @@ class ServerSettings(_Strict):
     # Name of the secret holding Twilio's auth token: /twilio then checks X-Twilio-Signature.
     twilio_auth_token: str | None = None
     # Twilio's REST API, for transfers on /twilio: an API key's SID and the name of the secret
-    # holding its secret; without them the auth token above (voice_agent/server/twilio_rest.py).
+    # holding its secret; without them the auth token above
+    # (voice_agent/callcontrol/twilio_rest.py).
     twilio_api_key: str | None = None
     twilio_api_secret: str | None = None
     twilio_api_url: str = "https://api.twilio.com"

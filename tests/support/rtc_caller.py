@@ -16,7 +16,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from websockets.asyncio.client import ClientConnection, connect
 
-from voice_agent.server.webrtc import CARRIER, AgentAudioTrack
+from voice_agent.gateways.webrtc import CARRIER, AgentAudioTrack
 from voice_agent.transports.webrtc import RtpPlayout
 
 RATE = CARRIER.sample_rate  # what the server sends; the browser side takes any rate

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-TRY_AGAIN_LATER = 1013
 RETRY_AFTER_S = 5
 
 

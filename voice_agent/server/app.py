@@ -5,8 +5,8 @@ and the XML Plivo fetches for a transfer (/plivo/dial), answered by server/http_
 access and call admission (here) have let the request through.
 WebSocket: /twilio (Twilio Media Streams), /ws (native), /rtc (WebRTC signalling), /asterisk
 (Asterisk chan_websocket) and the carriers' streams /telnyx, /plivo, /vonage, /exotel and
-/jambonz (server/carriers.py). SIP and AudioSocket have listeners of their own (server/sip.py,
-server/audiosocket.py).
+/jambonz (gateways/carriers.py). SIP and AudioSocket have listeners of their own (gateways/sip.py,
+gateways/audiosocket.py).
 """
 
 from __future__ import annotations
@@ -30,12 +30,30 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from voice_agent.audio.codec import CarrierFormat
+from voice_agent.callcontrol.carrier_dialer import CarrierDialer, Placer, decision
+from voice_agent.callcontrol.placed_calls import PlacedCall, Via
+from voice_agent.callcontrol.plivo_rest import PlivoPlacer
+from voice_agent.callcontrol.telnyx_rest import TelnyxPlacer
+from voice_agent.callcontrol.twilio_rest import TwilioPlacer, TwilioRest
 from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSettings, split_host_port
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.tts import TtsConfig, make_tts
 from voice_agent.engines.turn import TurnModel, load_turn_model
 from voice_agent.engines.vad import VadConfig, make_vad
 from voice_agent.errors import VoiceAgentError
+from voice_agent.gateways import carriers
+from voice_agent.gateways.asterisk_ws import asterisk_endpoint
+from voice_agent.gateways.audiosocket import AudioSocketServer
+from voice_agent.gateways.carriers import (
+    CARRIERS,
+    CallControlApis,
+    call_control_apis,
+    carrier_endpoint,
+)
+from voice_agent.gateways.endpoints import native_endpoint, twilio_endpoint
+from voice_agent.gateways.media_socket import MediaConnection
+from voice_agent.gateways.sip import SipGateway
+from voice_agent.gateways.webrtc import RtcGateway
 from voice_agent.observability import (
     LoopLagMonitor,
     ServerMetrics,
@@ -43,58 +61,40 @@ from voice_agent.observability import (
     set_call_id,
 )
 from voice_agent.observability.worker_metrics import SharedMetrics
-from voice_agent.runtime.audit import AuditEvent
-from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
-from voice_agent.runtime.secrets import DATA_DIR_ENV
-from voice_agent.runtime.session import CallSession
-from voice_agent.server import carriers, drain
-from voice_agent.server.admission import (
-    RETRY_AFTER_S,
-    TRY_AGAIN_LATER,
-    Admission,
-    CpuSampler,
-    RefusalReport,
-)
-from voice_agent.server.agent_check import AgentCheck, Load, WorkerReport, weight_percent
-from voice_agent.server.asterisk_ws import asterisk_endpoint
-from voice_agent.server.audiosocket import AudioSocketServer
-from voice_agent.server.auth import (
-    AccessPolicy,
-    client_address,
-    is_trusted_proxy,
-    tokens_from_secrets,
-)
-from voice_agent.server.calls import CallRecord, MemoryCallStore, now_iso
-from voice_agent.server.carrier_dialer import CarrierDialer, Placer, decision
-from voice_agent.server.carriers import (
-    CARRIERS,
-    CallControlApis,
-    call_control_apis,
-    carrier_endpoint,
-)
-from voice_agent.server.control_api import CallRequest, ControlApi, NoWayOut, RateLimit
-from voice_agent.server.endpoints import native_endpoint, twilio_endpoint
-from voice_agent.server.http_routes import answer_http, json_response
-from voice_agent.server.media_socket import MediaConnection
-from voice_agent.server.pipeline import CallPipeline, Engines, Outbound
-from voice_agent.server.placed_calls import PlacedCall, Via
-from voice_agent.server.plivo_rest import PlivoPlacer
-from voice_agent.server.recording import (
+from voice_agent.pipeline.calls import CallRecord, MemoryCallStore, now_iso
+from voice_agent.pipeline.driver import CallPipeline, Engines, Outbound
+from voice_agent.pipeline.recording import (
     FORMATS,
     CallRecorder,
     prune_recordings,
     recording_format,
     recordings_dir,
 )
-from voice_agent.server.sip import SipGateway
-from voice_agent.server.telnyx_rest import TelnyxPlacer
-from voice_agent.server.twilio_rest import TwilioPlacer, TwilioRest
-from voice_agent.server.webrtc import RtcGateway
+from voice_agent.runtime.audit import AuditEvent
+from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
+from voice_agent.runtime.secrets import DATA_DIR_ENV
+from voice_agent.runtime.session import CallSession
+from voice_agent.server import drain
+from voice_agent.server.admission import (
+    RETRY_AFTER_S,
+    Admission,
+    CpuSampler,
+    RefusalReport,
+)
+from voice_agent.server.agent_check import AgentCheck, Load, WorkerReport, weight_percent
+from voice_agent.server.auth import (
+    AccessPolicy,
+    client_address,
+    is_trusted_proxy,
+    tokens_from_secrets,
+)
+from voice_agent.server.control_api import CallRequest, ControlApi, NoWayOut, RateLimit
+from voice_agent.server.http_routes import answer_http, json_response
 from voice_agent.server.workers import SUPERVISOR_PID_ENV
 from voice_agent.store import CallStore as DurableStore
 from voice_agent.store import open_store, outcome_for
 from voice_agent.transports import asterisk_ws, native, twilio
-from voice_agent.transports.errors import close_reason
+from voice_agent.transports.errors import TRY_AGAIN_LATER, close_reason
 
 log = logging.getLogger("voice_agent.server")
 

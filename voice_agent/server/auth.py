@@ -22,8 +22,8 @@ What each path needs (the first matching rule wins):
   Without a Twilio auth token, `/twilio` follows the bearer rule like `/ws`: with API tokens
   configured, real Twilio calls are then refused (fail closed), and `startup_notices` says so.
 * `/plivo/dial` is open: Plivo fetches a transfer's XML from it and cannot send our token. Each
-  URL carries its own HMAC, which the page checks (server/plivo_rest.py); it only ever repeats a
-  `<Dial>` the server signed.
+  URL carries its own HMAC, which the page checks (callcontrol/plivo_rest.py); it only ever
+  repeats a `<Dial>` the server signed.
 * Everything else (`/agents`, `/calls`, `/calls/{id}`, `/metrics`, `/ws`, `/rtc`, and any
   unknown or odd-looking path such as `/calls/../x` or `//agents`) needs a bearer token when
   tokens are configured: default deny, decided on the same raw path the router matches.
@@ -45,7 +45,6 @@ with or without tokens: without tokens it is what stops other sites' pages from 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import http
@@ -62,23 +61,23 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
+from voice_agent.callcontrol.plivo_rest import PLIVO_DIAL_PATH  # open: signed per URL (above)
+from voice_agent.callcontrol.twilio_rest import TWILIO_SIGNATURE_HEADER, valid_twilio_signature
 from voice_agent.errors import SecretError
 from voice_agent.public_url import DEFAULT_PORTS, validate_public_url
 from voice_agent.server.pages import STATIC_PREFIX, calls_view_response
 
 HEALTH_PATH = "/healthz"
 TWILIO_PATH = "/twilio"
-PLIVO_DIAL_PATH = "/plivo/dial"  # open: signed per URL (see the module docstring)
 # Paths that take `?token=`: browsers cannot set headers on a WebSocket, and the pages' fetches
 # carry the token they were opened with (plus `/calls/{id}`, see `query_token_accepted`);
 # Asterisk's websocket_client.conf and the carriers' stream URLs can only put it in the URL.
-PLACED_CALL_PARAM = "placed_call"  # server/placed_calls.py PLACED_ARG
+PLACED_CALL_PARAM = "placed_call"  # callcontrol/placed_calls.py PLACED_ARG
 CARRIER_PATHS = ("/telnyx", "/plivo", "/vonage", "/exotel", "/jambonz")
 QUERY_TOKEN_PATHS = frozenset(
     {"/ws", "/rtc", "/twilio", "/asterisk", "/agents", "/calls", *CARRIER_PATHS}
 )
 CALLS_PREFIX = "/calls/"
-TWILIO_SIGNATURE_HEADER = "X-Twilio-Signature"
 WINDOW_S = 60.0  # the failure limiter's sliding window
 REALM = "voice_agent"
 
@@ -169,39 +168,6 @@ def _matches_any(given: str, digests: Sequence[bytes]) -> bool:
     for expected in digests:
         found |= hmac.compare_digest(presented, expected)
     return found
-
-
-# ---- Twilio signatures --------------------------------------------------------------------
-
-
-ParamValue = str | Sequence[str]
-
-
-def twilio_signature(url: str, params: Mapping[str, ParamValue], auth_token: str) -> str:
-    """Twilio's X-Twilio-Signature for a request: base64(HMAC-SHA1(auth_token, data)).
-
-    data is the full URL Twilio requested (scheme, host, path, query string, as given), then
-    for a form POST each parameter's name and value, sorted by name (a repeated parameter:
-    its values sorted). The Media Streams WebSocket upgrade is a GET: the URL alone.
-    """
-    data = url
-    for name in sorted(params):
-        value = params[name]
-        values = [value] if isinstance(value, str) else sorted(value)
-        for item in values:
-            data += name + item
-    mac = hmac.new(auth_token.encode("utf-8"), data.encode("utf-8"), hashlib.sha1)
-    return base64.b64encode(mac.digest()).decode("ascii")
-
-
-def valid_twilio_signature(
-    url: str, params: Mapping[str, ParamValue], signature: str, auth_token: str
-) -> bool:
-    """Whether `signature` is Twilio's for this URL and parameters (constant-time compare)."""
-    if not signature or not auth_token:
-        return False
-    expected = twilio_signature(url, params, auth_token)
-    return hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "surrogatepass"))
 
 
 def _split_netloc(netloc: str) -> tuple[str, str | None]:
@@ -497,8 +463,8 @@ class AccessPolicy:
         self._own_hosts = frozenset(_hostname(urlsplit(origin).netloc) for origin in self._origins)
         self.limiter = FailureLimiter(max_failed_auth_per_minute, clock=clock)
         # The stream of a call the server placed through a carrier names it in its URL
-        # (`?placed_call=<call_id>.<key>`, server/placed_calls.py): that key, random per call and
-        # good until its stream comes, lets the carrier in without an API token.
+        # (`?placed_call=<call_id>.<key>`, callcontrol/placed_calls.py): that key, random per
+        # call and good until its stream comes, lets the carrier in without an API token.
         self.placed_call_token: Callable[[str], bool] = lambda token: False
 
     @property

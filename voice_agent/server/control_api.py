@@ -11,7 +11,7 @@ SDK's aiohttp extra) serves this small API; operators keep it off the public bal
     -> 202 {"call_id": "...", "status": "dialing", "record": "/calls/<call_id>"}
 
 `via` picks the way out: the SIP trunk (`sip.trunk`) or a carrier's REST API (`carriers.*`,
-server/carrier_dialer.py); without it, the only one configured (the trunk, when there are
+callcontrol/carrier_dialer.py); without it, the only one configured (the trunk, when there are
 several). Carriers' status callbacks for those calls come to `/callbacks/<call_id>?key=...`
 on this port (GET or POST): the key in the URL, random per call, is their credential (and
 each carrier's own signature where it signs), so only `/callbacks/` need be reachable from the
@@ -48,9 +48,9 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
+from voice_agent.callcontrol.carrier_dialer import CALLBACK_PREFIX, Callback, Reply
+from voice_agent.callcontrol.placed_calls import CARRIER_VIAS
 from voice_agent.runtime.call_control import DESTINATION
-from voice_agent.server.carrier_dialer import CALLBACK_PREFIX, Callback, Reply
-from voice_agent.server.placed_calls import CARRIER_VIAS
 
 VIAS = ("sip", *CARRIER_VIAS)
 

@@ -22,10 +22,10 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from voice_agent import __version__
+from voice_agent.callcontrol.plivo_rest import PLIVO_DIAL_PATH, dial_response
+from voice_agent.gateways.webrtc import AVAILABLE as WEBRTC_AVAILABLE
+from voice_agent.pipeline.recording import FORMATS, find_recording, recordings_dir
 from voice_agent.server.pages import calls_view_response, static_response
-from voice_agent.server.plivo_rest import PLIVO_DIAL_PATH, dial_response
-from voice_agent.server.recording import FORMATS, find_recording, recordings_dir
-from voice_agent.server.webrtc import AVAILABLE as WEBRTC_AVAILABLE
 
 if TYPE_CHECKING:
     from voice_agent.server.app import VoiceServer

@@ -1,2 +1,2 @@
 """SIP and RTP for calls straight from a trunk or a PBX, sans-I/O, one module per part of the
-RFCs (docs/telephony.md lists them); voice_agent.server.sip moves their bytes."""
+RFCs (docs/telephony.md lists them); voice_agent.gateways.sip moves their bytes."""

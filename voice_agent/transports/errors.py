@@ -11,6 +11,7 @@ PROTOCOL_ERROR = 1002  # a message out of order, malformed, or missing a require
 UNSUPPORTED_DATA = 1003  # a frame type or audio format this endpoint does not take
 POLICY_VIOLATION = 1008  # well formed, but beyond a documented limit
 MESSAGE_TOO_BIG = 1009  # a message larger than the endpoint's maximum
+TRY_AGAIN_LATER = 1013  # admission control refused the call: the server is busy
 
 # A close frame's payload is at most 125 bytes, two of which hold the code.
 MAX_CLOSE_REASON_BYTES = 123

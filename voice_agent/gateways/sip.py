@@ -21,8 +21,8 @@ from typing import Any
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.config import SipSettings, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.runtime.call_control import CallTransfer
-from voice_agent.server.pipeline import CallPipeline
 from voice_agent.sip import uac as outbound
 from voice_agent.sip import uas as sip
 from voice_agent.sip.auth import Credentials, DigestAuthenticator

@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from voice_agent.audio.codec import CarrierFormat, Encoding
+from voice_agent.callcontrol.twilio_rest import TwilioRest
 from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.gateways.media_socket import MediaConnection, Message
+from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.runtime.call_control import CallTransfer
-from voice_agent.server.media_socket import MediaConnection, Message
-from voice_agent.server.pipeline import CallPipeline
-from voice_agent.server.twilio_rest import TwilioRest
 from voice_agent.transports import native, twilio
 from voice_agent.transports.errors import (
     POLICY_VIOLATION,
@@ -221,7 +221,8 @@ class SocketCall:
 
 
 class TwilioOutbound(SocketOutbound):
-    """/twilio's Outbound, with a transfer through Twilio's REST API (server/twilio_rest.py)."""
+    """/twilio's Outbound, with a transfer through Twilio's REST API
+    (callcontrol/twilio_rest.py)."""
 
     def __init__(
         self, ws: MediaConnection, start: twilio.Start, rest: TwilioRest | None, **encoders: Any

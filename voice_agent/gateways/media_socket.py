@@ -33,7 +33,7 @@ from websockets.frames import Close, CloseCode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from voice_agent.server.websocket_frames import CLOSE, ClientFrameReader, ControlFrame, Violation
+from voice_agent.gateways.websocket_frames import CLOSE, ClientFrameReader, ControlFrame, Violation
 
 log = logging.getLogger("voice_agent.server")
 

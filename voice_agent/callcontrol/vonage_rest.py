@@ -29,8 +29,8 @@ from urllib.parse import quote
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from voice_agent.callcontrol.carrier_rest import TIMEOUT_S, is_sip, phone_number, request
 from voice_agent.runtime.call_control import CallTransfer
-from voice_agent.server.carrier_rest import TIMEOUT_S, is_sip, phone_number, request
 
 __all__ = [
     "DEFAULT_API_URL",

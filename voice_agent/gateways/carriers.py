@@ -51,20 +51,20 @@ from typing import Any, ClassVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from voice_agent.audio.codec import CarrierFormat, Encoding
+from voice_agent.callcontrol.plivo_rest import PlivoRest
+from voice_agent.callcontrol.telnyx_rest import TelnyxRest
+from voice_agent.callcontrol.vonage_rest import VonageRest
 from voice_agent.errors import ConfigError, VoiceAgentError
-from voice_agent.runtime.call_control import CallTransfer
-from voice_agent.runtime.registry import AgentRegistry
-from voice_agent.server.endpoints import (
+from voice_agent.gateways.endpoints import (
     SocketCall,
     SocketOutbound,
     StartCall,
     refusal_text,
     usable_call_id,
 )
-from voice_agent.server.media_socket import MediaConnection, Message
-from voice_agent.server.plivo_rest import PlivoRest
-from voice_agent.server.telnyx_rest import TelnyxRest
-from voice_agent.server.vonage_rest import VonageRest
+from voice_agent.gateways.media_socket import MediaConnection, Message
+from voice_agent.runtime.call_control import CallTransfer
+from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.transports import exotel, jambonz, plivo, telnyx, vonage
 from voice_agent.transports.errors import POLICY_VIOLATION, ProtocolWarning, close_reason
 

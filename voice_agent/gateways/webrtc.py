@@ -23,7 +23,7 @@ from websockets.protocol import State
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.config import WebRtcSettings
 from voice_agent.errors import VoiceAgentError
-from voice_agent.server.pipeline import CallPipeline
+from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.transports import webrtc
 from voice_agent.transports.errors import (
     POLICY_VIOLATION,
@@ -45,7 +45,7 @@ try:
     )
     from aiortc.mediastreams import MediaStreamError
 
-    from voice_agent.server.webrtc_opus import OpusVoice
+    from voice_agent.gateways.webrtc_opus import OpusVoice
 
     AVAILABLE = True
 except ImportError:  # the `webrtc` extra is not installed
@@ -139,7 +139,7 @@ if AVAILABLE:
             data, heard = self._playout.next_frame(loop.time() * 1000)
             for name in heard:
                 self._on_heard(name)
-            # Encoded here, not by aiortc: voice_agent.server.webrtc_opus says why.
+            # Encoded here, not by aiortc: voice_agent.gateways.webrtc_opus says why.
             return self.voice.packet(data, self._pts, speech=speech)
 
 

@@ -40,9 +40,8 @@ from urllib.parse import parse_qsl, urlsplit
 from websockets.asyncio.server import ServerConnection
 
 from voice_agent.errors import VoiceAgentError
-from voice_agent.server.admission import TRY_AGAIN_LATER
-from voice_agent.server.endpoints import SocketCall, SocketOutbound, StartCall, usable_call_id
-from voice_agent.server.media_socket import MediaConnection, Message
+from voice_agent.gateways.endpoints import SocketCall, SocketOutbound, StartCall, usable_call_id
+from voice_agent.gateways.media_socket import MediaConnection, Message
 from voice_agent.transports.asterisk_ws import (
     AsteriskStream,
     BufferingCompleted,
@@ -57,6 +56,7 @@ from voice_agent.transports.asterisk_ws import (
 )
 from voice_agent.transports.errors import (
     POLICY_VIOLATION,
+    TRY_AGAIN_LATER,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,

@@ -41,16 +41,15 @@ from urllib.parse import quote
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from voice_agent.runtime.call_control import CallTransfer
-from voice_agent.server.carrier_dialer import Callback, CallbackRefused, Reply
-from voice_agent.server.carrier_rest import (
+from voice_agent.callcontrol.carrier_dialer import Callback, CallbackRefused, Reply
+from voice_agent.callcontrol.carrier_rest import (
     TIMEOUT_S,
     is_sip,
     phone_number,
     request,
     request_json,
 )
-from voice_agent.server.placed_calls import (
+from voice_agent.callcontrol.placed_calls import (
     PLACED_ARG,
     Answered,
     CallStatus,
@@ -59,6 +58,7 @@ from voice_agent.server.placed_calls import (
     Verdict,
     Via,
 )
+from voice_agent.runtime.call_control import CallTransfer
 
 __all__ = [
     "DEFAULT_API_URL",

@@ -48,7 +48,7 @@ from voice_agent.audio.codec import CarrierFormat
 from voice_agent.config import split_host_port
 from voice_agent.core.playout import RtpPlayout
 from voice_agent.errors import ConfigError, VoiceAgentError
-from voice_agent.server.pipeline import CallPipeline
+from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.sip.rtp import Pacer
 from voice_agent.transports import audiosocket as wire
 from voice_agent.transports.errors import ProtocolError, ProtocolWarning

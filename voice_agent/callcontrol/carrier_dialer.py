@@ -19,8 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from voice_agent.core.voicemail import BeepHeard, Human, Machine
-from voice_agent.server.placed_calls import (
+from voice_agent.callcontrol.placed_calls import (
     PLACED_ARG,
     Answered,
     CallStatus,
@@ -30,6 +29,7 @@ from voice_agent.server.placed_calls import (
     Verdict,
     Via,
 )
+from voice_agent.core.voicemail import BeepHeard, Human, Machine
 
 log = logging.getLogger("voice_agent.server")
 

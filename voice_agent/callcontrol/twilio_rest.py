@@ -23,14 +23,16 @@ answering-machine detection (`MachineDetection=DetectMessageEnd`, `AsyncAmd`), w
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+from collections.abc import Mapping, Sequence
 from xml.sax.saxutils import escape
 
 import httpx
 
-from voice_agent.runtime.call_control import CallTransfer
-from voice_agent.server.auth import valid_twilio_signature
-from voice_agent.server.carrier_dialer import Callback, CallbackRefused, Reply
-from voice_agent.server.placed_calls import (
+from voice_agent.callcontrol.carrier_dialer import Callback, CallbackRefused, Reply
+from voice_agent.callcontrol.placed_calls import (
     PLACED_ARG,
     Answered,
     CallStatus,
@@ -39,9 +41,44 @@ from voice_agent.server.placed_calls import (
     Verdict,
     Via,
 )
+from voice_agent.runtime.call_control import CallTransfer
 
 DEFAULT_API_URL = "https://api.twilio.com"
 TIMEOUT_S = 10.0
+TWILIO_SIGNATURE_HEADER = "X-Twilio-Signature"
+
+
+# ---- Twilio's signatures, which /twilio's access check reads too ----------------------------
+
+
+ParamValue = str | Sequence[str]
+
+
+def twilio_signature(url: str, params: Mapping[str, ParamValue], auth_token: str) -> str:
+    """Twilio's X-Twilio-Signature for a request: base64(HMAC-SHA1(auth_token, data)).
+
+    data is the full URL Twilio requested (scheme, host, path, query string, as given), then
+    for a form POST each parameter's name and value, sorted by name (a repeated parameter:
+    its values sorted). The Media Streams WebSocket upgrade is a GET: the URL alone.
+    """
+    data = url
+    for name in sorted(params):
+        value = params[name]
+        values = [value] if isinstance(value, str) else sorted(value)
+        for item in values:
+            data += name + item
+    mac = hmac.new(auth_token.encode("utf-8"), data.encode("utf-8"), hashlib.sha1)
+    return base64.b64encode(mac.digest()).decode("ascii")
+
+
+def valid_twilio_signature(
+    url: str, params: Mapping[str, ParamValue], signature: str, auth_token: str
+) -> bool:
+    """Whether `signature` is Twilio's for this URL and parameters (constant-time compare)."""
+    if not signature or not auth_token:
+        return False
+    expected = twilio_signature(url, params, auth_token)
+    return hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "surrogatepass"))
 
 
 def dial_twiml(target: str) -> str:

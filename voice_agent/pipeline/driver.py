@@ -31,6 +31,9 @@ from voice_agent.engines.tts import Tts, TtsChunk
 from voice_agent.engines.turn import TurnModel
 from voice_agent.engines.vad import Vad
 from voice_agent.observability import call_context
+from voice_agent.pipeline.calls import CallRecord
+from voice_agent.pipeline.hold import CHUNK_MS, LEAD_MS, HoldLoop
+from voice_agent.pipeline.recording import CallRecorder
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.call_control import (
     TRANSFER_FAILED_EVENT,
@@ -45,9 +48,6 @@ from voice_agent.runtime.session import (
     CallEnd,
     CallSession,
 )
-from voice_agent.server.calls import CallRecord
-from voice_agent.server.hold import CHUNK_MS, LEAD_MS, HoldLoop
-from voice_agent.server.recording import CallRecorder
 
 log = logging.getLogger("voice_agent.call")
 
@@ -681,7 +681,7 @@ class CallPipeline:
         self.out.close(self._close_code, reason)
         self._spawn(self.hang_up(reason))
 
-    # ---- hold audio (server/hold.py) ------------------------------------------------------
+    # ---- hold audio (pipeline/hold.py) ------------------------------------------------------
 
     def _start_hold(self) -> None:
         self._hold_timer = None

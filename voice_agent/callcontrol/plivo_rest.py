@@ -49,17 +49,15 @@ from xml.sax.saxutils import escape
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
-from voice_agent.runtime.call_control import DESTINATION, CallTransfer
-from voice_agent.server.auth import PLIVO_DIAL_PATH
-from voice_agent.server.carrier_dialer import Callback, CallbackRefused, Reply
-from voice_agent.server.carrier_rest import (
+from voice_agent.callcontrol.carrier_dialer import Callback, CallbackRefused, Reply
+from voice_agent.callcontrol.carrier_rest import (
     TIMEOUT_S,
     is_sip,
     phone_number,
     request,
     request_json,
 )
-from voice_agent.server.placed_calls import (
+from voice_agent.callcontrol.placed_calls import (
     PLACED_ARG,
     Answered,
     CallStatus,
@@ -68,6 +66,7 @@ from voice_agent.server.placed_calls import (
     Verdict,
     Via,
 )
+from voice_agent.runtime.call_control import DESTINATION, CallTransfer
 
 __all__ = [
     "DEFAULT_API_URL",
@@ -84,6 +83,9 @@ __all__ = [
 ]
 
 DEFAULT_API_URL = "https://api.plivo.com"
+# Where Plivo fetches a transfer's XML: open to it (it cannot send our token), each URL
+# signed with its own HMAC (dial_signature), which dial_response checks.
+PLIVO_DIAL_PATH = "/plivo/dial"
 _KEY_LABEL = b"voice_agent /plivo/dial v1"  # what the derived key is for, and its version
 
 
