@@ -3,7 +3,7 @@ larger pieces once it is well ahead."""
 
 from __future__ import annotations
 
-from voice_agent.core.pacing import SentencePacer
+from voice_agent.audio.pacing import SentencePacer
 
 BYTES_PER_MS = 8.0  # 8 kHz mu-law
 PIECE = b"\xff" * 800  # 100 ms

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from voice_agent.audio.pacing import Pacer, PhasedPacer
 from voice_agent.errors import VoiceAgentError
 from voice_agent.sip.dtmf import (
     EVENT_DIGITS,
@@ -28,8 +29,6 @@ from voice_agent.sip.jitter import MAX_JUMP, JitterBuffer
 from voice_agent.sip.rtp import (
     PCMA,
     PCMU,
-    Pacer,
-    PhasedPacer,
     RtpError,
     RtpPacket,
     RtpSender,

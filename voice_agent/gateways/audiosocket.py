@@ -26,7 +26,7 @@ One connection, one call:
 
 The agent's audio: Asterisk plays each message the moment it arrives, with no buffer to clear,
 so the server paces it: one clock for every call, one 20 ms frame per call per tick from a
-monotonic deadline grid (voice_agent.sip.rtp.Pacer), nothing queued ahead in the socket. Each
+monotonic deadline grid (voice_agent.audio.pacing.Pacer), nothing queued ahead in the socket. Each
 call's `RtpPlayout` holds what the pipeline sent: a barge-in's `clear` drops it at once, and a
 mark is heard once its audio was sent and `playout_delay_ms` has passed. A quiet agent sends
 nothing: Asterisk needs no comfort noise from a server.
@@ -45,11 +45,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from voice_agent.audio.codec import CarrierFormat
+from voice_agent.audio.pacing import Pacer
+from voice_agent.audio.playout import RtpPlayout
 from voice_agent.config import split_host_port
-from voice_agent.core.playout import RtpPlayout
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.pipeline.driver import CallPipeline
-from voice_agent.sip.rtp import Pacer
 from voice_agent.transports import audiosocket as wire
 from voice_agent.transports.errors import ProtocolError, ProtocolWarning
 

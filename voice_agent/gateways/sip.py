@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice_agent.audio.codec import CarrierFormat
+from voice_agent.audio.pacing import PhasedPacer
 from voice_agent.config import SipSettings, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.pipeline.driver import CallPipeline
@@ -29,14 +30,13 @@ from voice_agent.sip.auth import Credentials, DigestAuthenticator
 from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
 from voice_agent.sip.message import SipMessage, name_addr_uri, uri_user
-from voice_agent.sip.rtp import PhasedPacer
 from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 
 log = logging.getLogger("voice_agent.server")
 
 # The media clock's phases: calls spread over the 20 ms grid in 5 ms steps, so a tick sends a
-# quarter of the calls' packets (sip/rtp.py PhasedPacer).
+# quarter of the calls' packets (audio/pacing.py PhasedPacer).
 MEDIA_PHASES = 4
 
 StartCall = Callable[..., Awaitable[CallPipeline]]

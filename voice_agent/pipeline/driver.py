@@ -17,12 +17,12 @@ from typing import Any, Protocol
 
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.audio.frames import Framer
+from voice_agent.audio.pacing import SentencePacer
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import VoiceSettings
 from voice_agent.core import call as core
 from voice_agent.core.callee_hello import QUIET_MS, CalleeHello
 from voice_agent.core.end_of_turn import EndOfTurnConfig
-from voice_agent.core.pacing import SentencePacer
 from voice_agent.core.playback import Word
 from voice_agent.core.turns import TurnConfig
 from voice_agent.core.voicemail import BeepHeard, Human, Machine, VoicemailDetector
@@ -888,7 +888,7 @@ class CallPipeline:
             self._maybe_finish()
 
     async def _synthesize(self, synthesis: _Synthesis) -> None:
-        """One sentence: its audio goes out as the engine streams it (paced, see core.pacing);
+        """One sentence: its audio goes out as the engine streams it (paced, see audio.pacing);
         the core places its words (and sends its mark) when the last of it has come."""
         reply_id, text = synthesis.reply_id, synthesis.text
         tts = self.engines.tts

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from voice_agent.audio.codec import CarrierFormat
-from voice_agent.core.playout import RtpPlayout
+from voice_agent.audio.playout import RtpPlayout
 from voice_agent.sip.dtmf import DtmfReceiver, tone_pcm
 from voice_agent.sip.jitter import JitterBuffer
 from voice_agent.sip.rtp import RtpError, RtpSender, parse_rtp

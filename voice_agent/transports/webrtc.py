@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from voice_agent.core.playout import MAX_PLAYOUT_DELAY_MS
-from voice_agent.core.playout import RtpPlayout as RtpPlayout
+from voice_agent.audio.playout import MAX_PLAYOUT_DELAY_MS
+from voice_agent.audio.playout import RtpPlayout as RtpPlayout
 from voice_agent.transports.errors import (
     MESSAGE_TOO_BIG,
     PROTOCOL_ERROR,
