@@ -78,7 +78,6 @@ signed linear being Asterisk's host byte order: little-endian on x86-64 and arm6
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 from collections.abc import Mapping
@@ -95,6 +94,7 @@ from voice_agent.transports.errors import (
     ProtocolWarning,
 )
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.state import StreamState
 
 ControlForm = Literal["plain-text", "json"]  # Asterisk's own names (control_message_format)
 PLAIN: ControlForm = "plain-text"
@@ -550,11 +550,6 @@ def continue_media(form: ControlForm) -> str:
 
 
 # -- one connection ------------------------------------------------------------------------------
-
-
-class StreamState(enum.Enum):
-    NEW = "new"
-    STARTED = "started"
 
 
 class AsteriskStream:

@@ -74,26 +74,24 @@ Applet configuration (App Bazaar, the call flow's Voicebot applet):
 from __future__ import annotations
 
 import binascii
-import enum
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-import orjson
-
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.transports.errors import (
-    MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.state import StreamState
 
 SAMPLE_RATES = (8000, 16000, 24000)
 DEFAULT_SAMPLE_RATE = 8000
@@ -232,13 +230,6 @@ class Stop:
 ExotelEvent = Connected | Start | Media | Dtmf | Mark | Stop | ProtocolWarning
 
 
-class StreamState(enum.Enum):
-    NEW = "new"
-    CONNECTED = "connected"
-    STARTED = "started"
-    STOPPED = "stopped"
-
-
 def _shown(value: object) -> str:
     return json.dumps(value, default=str)[:40]
 
@@ -344,18 +335,7 @@ class ExotelStream:
         )
 
     def receive(self, text: str) -> list[ExotelEvent]:
-        if len(text) > self.max_message_chars:
-            raise ProtocolError(
-                MESSAGE_TOO_BIG,
-                f"message of {len(text)} characters exceeds the {self.max_message_chars} limit",
-                kind="message_too_big",
-            )
-        try:
-            message = orjson.loads(text)
-        except ValueError as exc:
-            raise _malformed(f"message is not valid JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise _malformed("message is not a JSON object")
+        message = json_message(text, self.max_message_chars)
         event = message.get("event")
         if event == "media":
             return self._media(message)

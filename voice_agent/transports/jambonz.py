@@ -97,7 +97,6 @@ audio at the call's own rate, which the server does not know).
 from __future__ import annotations
 
 import binascii
-import enum
 import json
 import re
 from collections import deque
@@ -105,18 +104,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.transports.errors import (
-    MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.state import StreamState
 
 SUBPROTOCOL = "audio.jambonz.org"
 SUBPROTOCOLS = (SUBPROTOCOL, "audio.drachtio.org")  # the endpoint should accept either
@@ -241,12 +239,6 @@ class Stop:
 JambonzEvent = Start | Audio | Dtmf | Mark | PlayDone | Stop | ProtocolWarning
 
 
-class StreamState(enum.Enum):
-    NEW = "new"
-    STARTED = "started"
-    STOPPED = "stopped"
-
-
 def _compact(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -358,18 +350,7 @@ class JambonzStream:
         return [Audio(bytes(data))]
 
     def receive_text(self, text: str) -> list[JambonzEvent]:
-        if len(text) > self.max_message_chars:
-            raise ProtocolError(
-                MESSAGE_TOO_BIG,
-                f"message of {len(text)} characters exceeds the {self.max_message_chars} limit",
-                kind="message_too_big",
-            )
-        try:
-            message = orjson.loads(text)
-        except ValueError as exc:
-            raise _malformed(f"message is not valid JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise _malformed("message is not a JSON object")
+        message = json_message(text, self.max_message_chars)
         if self.state is StreamState.NEW:
             return [self._start(message)]
         if self.state is StreamState.STOPPED:

@@ -3,7 +3,6 @@ messages in, typed events out; builders for the server's JSON events (docs/proto
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from voice_agent.transports.errors import (
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_message
+from voice_agent.transports.state import StreamState
 
 SAMPLE_RATES = (8000, 16000, 24000, 48000)
 ENCODINGS = ("pcm16", "mulaw", "alaw")
@@ -182,12 +183,6 @@ def _explain(message_type: str, exc: ValidationError) -> str:
     return f"{message_type}: " + "; ".join(_describe(e) for e in exc.errors())
 
 
-class StreamState(enum.Enum):
-    NEW = "new"
-    STARTED = "started"
-    STOPPED = "stopped"
-
-
 class NativeStream:
     """One `/ws` connection's inbound side: feed it each message, get events back.
 
@@ -233,22 +228,7 @@ class NativeStream:
         return [Audio(data)] if data else []
 
     def receive_text(self, text: str) -> list[NativeEvent]:
-        if len(text) > self.max_text_chars:
-            raise ProtocolError(
-                MESSAGE_TOO_BIG,
-                f"message of {len(text)} characters exceeds the {self.max_text_chars} limit",
-                kind="message_too_big",
-            )
-        try:
-            message = json.loads(text)
-        except ValueError as exc:
-            raise ProtocolError(
-                PROTOCOL_ERROR, f"message is not valid JSON: {exc}", kind="malformed_message"
-            ) from None
-        if not isinstance(message, dict):
-            raise ProtocolError(
-                PROTOCOL_ERROR, "message is not a JSON object", kind="malformed_message"
-            )
+        message = json_message(text, self.max_text_chars, loads=json.loads)
         kind = message.get("type")
         if self.state is StreamState.NEW:
             if kind != "start":

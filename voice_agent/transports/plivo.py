@@ -81,7 +81,6 @@ Decisions, and what the documents leave open:
 from __future__ import annotations
 
 import binascii
-import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -90,16 +89,17 @@ from typing import Any, NoReturn
 import orjson
 
 from voice_agent.transports.errors import (
-    MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import json_text as _text
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.state import StreamState
 
 MULAW = "audio/x-mulaw"
 L16 = "audio/x-l16"
@@ -200,12 +200,6 @@ class Stop:
 
 
 PlivoEvent = Start | Media | Dtmf | Mark | Cleared | Stop | ProtocolWarning
-
-
-class StreamState(enum.Enum):
-    NEW = "new"
-    STARTED = "started"
-    STOPPED = "stopped"
 
 
 def _integer(parent: Mapping[str, Any], key: str, path: str) -> int:
@@ -334,18 +328,7 @@ class PlivoStream:
         return data if 0 < len(data) <= self.max_payload_bytes else None
 
     def receive(self, text: str) -> list[PlivoEvent]:
-        if len(text) > self.max_message_chars:
-            raise ProtocolError(
-                MESSAGE_TOO_BIG,
-                f"message of {len(text)} characters exceeds the {self.max_message_chars} limit",
-                kind="message_too_big",
-            )
-        try:
-            message = orjson.loads(text)
-        except ValueError as exc:
-            raise _malformed(f"message is not valid JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise _malformed("message is not a JSON object")
+        message = json_message(text, self.max_message_chars)
         event = message.get("event")
         if not isinstance(event, str):
             raise _malformed('message has no "event" string')

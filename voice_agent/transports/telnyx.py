@@ -103,7 +103,6 @@ Decisions, and what the documents leave open:
 from __future__ import annotations
 
 import binascii
-import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,16 +111,17 @@ from typing import Any, NoReturn
 import orjson
 
 from voice_agent.transports.errors import (
-    MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import json_text as _text
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.state import StreamState
 
 # encoding as Telnyx names it (either spelling) -> this server's CarrierFormat encoding.
 ENCODINGS: dict[str, str] = {
@@ -252,13 +252,6 @@ class Stop:
 
 
 TelnyxEvent = Connected | Start | Media | Dtmf | Mark | StreamError | Stop | ProtocolWarning
-
-
-class StreamState(enum.Enum):
-    NEW = "new"
-    CONNECTED = "connected"
-    STARTED = "started"
-    STOPPED = "stopped"
 
 
 def _optional_text(parent: Mapping[str, Any], key: str, path: str) -> str:
@@ -480,18 +473,7 @@ class TelnyxStream:
         return data
 
     def receive(self, text: str) -> list[TelnyxEvent]:
-        if len(text) > self.max_message_chars:
-            raise ProtocolError(
-                MESSAGE_TOO_BIG,
-                f"message of {len(text)} characters exceeds the {self.max_message_chars} limit",
-                kind="message_too_big",
-            )
-        try:
-            message = orjson.loads(text)
-        except ValueError as exc:
-            raise _malformed(f"message is not valid JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise _malformed("message is not a JSON object")
+        message = json_message(text, self.max_message_chars)
         event = message.get("event")
         if not isinstance(event, str):
             raise _malformed('message has no "event" string')

@@ -4,7 +4,6 @@ typed events out, and the `media` / `mark` / `clear` messages Twilio takes back.
 from __future__ import annotations
 
 import binascii
-import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,16 +13,17 @@ from typing import Any, NoReturn
 import orjson
 
 from voice_agent.transports.errors import (
-    MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import json_text as _text
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.state import StreamState
 
 ENCODING = "audio/x-mulaw"
 SAMPLE_RATE = 8000
@@ -116,13 +116,6 @@ class Stop:
 TwilioEvent = Connected | Start | Media | Dtmf | Mark | Stop | ProtocolWarning
 
 
-class StreamState(enum.Enum):
-    NEW = "new"
-    CONNECTED = "connected"
-    STARTED = "started"
-    STOPPED = "stopped"
-
-
 def _integer(parent: Mapping[str, Any], key: str, path: str) -> int:
     # Twilio sends numbers as strings ("sequenceNumber": "2"); plain integers are taken as well.
     value = parent.get(key)
@@ -192,19 +185,7 @@ class TwilioStream:
             return None
 
     def receive(self, text: str) -> list[TwilioEvent]:
-        if len(text) > self.max_message_chars:
-            raise ProtocolError(
-                MESSAGE_TOO_BIG,
-                f"message of {len(text)} characters exceeds the {self.max_message_chars} limit",
-                kind="message_too_big",
-            )
-        try:
-            # orjson: a third of json's time on the 50 media messages a second of every call.
-            message = orjson.loads(text)
-        except ValueError as exc:
-            raise _malformed(f"message is not valid JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise _malformed("message is not a JSON object")
+        message = json_message(text, self.max_message_chars)
         event = message.get("event")
         # Media first: it is 50 messages a second, everything else a handful per call.
         if event == "media":

@@ -87,24 +87,22 @@ names the call, every other header is an agent arg. An endpoint may add
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.transports.errors import (
-    MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.state import StreamState
 
 ENCODING = "audio/l16"
 SAMPLE_RATES = (8000, 16000, 24000)
@@ -222,11 +220,6 @@ class Cleared:
 VonageEvent = Connected | Audio | Dtmf | Notify | Cleared | ProtocolWarning
 
 
-class StreamState(enum.Enum):
-    NEW = "new"
-    CONNECTED = "connected"
-
-
 def _compact(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -318,18 +311,7 @@ class VonageStream:
         return [Audio(bytes(data))]
 
     def receive_text(self, text: str) -> list[VonageEvent]:
-        if len(text) > self.max_message_chars:
-            raise ProtocolError(
-                MESSAGE_TOO_BIG,
-                f"message of {len(text)} characters exceeds the {self.max_message_chars} limit",
-                kind="message_too_big",
-            )
-        try:
-            message = orjson.loads(text)
-        except ValueError as exc:
-            raise _malformed(f"message is not valid JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise _malformed("message is not a JSON object")
+        message = json_message(text, self.max_message_chars)
         event = message.get("event")
         if not isinstance(event, str):
             raise _malformed('message has no "event" string')

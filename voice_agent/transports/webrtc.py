@@ -16,12 +16,12 @@ from typing import Any
 from voice_agent.audio.playout import MAX_PLAYOUT_DELAY_MS
 from voice_agent.audio.playout import RtpPlayout as RtpPlayout
 from voice_agent.transports.errors import (
-    MESSAGE_TOO_BIG,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
+from voice_agent.transports.json_fields import json_message
 
 MAX_SIGNAL_CHARS = 65_536  # an SDP offer from a browser is 2 to 8 kB
 MAX_CHANNEL_CHARS = 4096
@@ -55,19 +55,7 @@ def _malformed(reason: str) -> ProtocolError:
 
 
 def _object(text: str, limit: int, where: str) -> dict[str, Any]:
-    if len(text) > limit:
-        raise ProtocolError(
-            MESSAGE_TOO_BIG,
-            f"{where} message of {len(text)} characters exceeds the {limit} limit",
-            kind="message_too_big",
-        )
-    try:
-        message = json.loads(text)
-    except ValueError as exc:
-        raise _malformed(f"{where} message is not valid JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise _malformed(f"{where} message is not a JSON object")
-    return message
+    return json_message(text, limit, loads=json.loads, what=f"{where} message")
 
 
 def check_offer_sdp(sdp: str) -> None:
