@@ -90,6 +90,7 @@ from voice_agent.server.auth import (
 )
 from voice_agent.server.control_api import CallRequest, ControlApi, NoWayOut, RateLimit
 from voice_agent.server.http_routes import answer_http, json_response
+from voice_agent.server.paths import CALL_PATHS  # admission applies; messages held for the endpoint
 from voice_agent.server.workers import SUPERVISOR_PID_ENV
 from voice_agent.store import CallStore as DurableStore
 from voice_agent.store import open_store, outcome_for
@@ -99,9 +100,6 @@ from voice_agent.transports.errors import TRY_AGAIN_LATER, close_reason
 log = logging.getLogger("voice_agent.server")
 
 
-# The WebSocket paths that carry a call: admission applies, and messages are held until the
-# endpoint takes them (see media_socket).
-CALL_PATHS = frozenset({"/twilio", "/ws", "/rtc", "/asterisk", *CARRIERS})
 # The largest WebSocket message any endpoint takes: `websockets`' limit, and the media
 # sockets' own once they read the call's frames themselves.
 WEBSOCKET_MAX_SIZE = max(

@@ -66,17 +66,14 @@ from voice_agent.callcontrol.twilio_rest import TWILIO_SIGNATURE_HEADER, valid_t
 from voice_agent.errors import SecretError
 from voice_agent.public_url import DEFAULT_PORTS, validate_public_url
 from voice_agent.server.pages import STATIC_PREFIX, calls_view_response
+from voice_agent.server.paths import CALL_PATHS, CARRIER_PATHS, TWILIO_PATH
 
 HEALTH_PATH = "/healthz"
-TWILIO_PATH = "/twilio"
 # Paths that take `?token=`: browsers cannot set headers on a WebSocket, and the pages' fetches
 # carry the token they were opened with (plus `/calls/{id}`, see `query_token_accepted`);
 # Asterisk's websocket_client.conf and the carriers' stream URLs can only put it in the URL.
 PLACED_CALL_PARAM = "placed_call"  # callcontrol/placed_calls.py PLACED_ARG
-CARRIER_PATHS = ("/telnyx", "/plivo", "/vonage", "/exotel", "/jambonz")
-QUERY_TOKEN_PATHS = frozenset(
-    {"/ws", "/rtc", "/twilio", "/asterisk", "/agents", "/calls", *CARRIER_PATHS}
-)
+QUERY_TOKEN_PATHS = frozenset({*CALL_PATHS, "/agents", "/calls"})
 CALLS_PREFIX = "/calls/"
 WINDOW_S = 60.0  # the failure limiter's sliding window
 REALM = "voice_agent"
