@@ -42,6 +42,7 @@ from tests.support.configs import (
     serving,
     words_played,
 )
+from tests.support.waiting import PredicateWaits, Waiter
 from voice_agent.audio.g711 import alaw_encode
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
@@ -121,7 +122,7 @@ class Flush:
 
 
 @dataclass
-class FakeAsterisk:
+class FakeAsterisk(PredicateWaits):
     """One chan_websocket channel dialled to the server (see the module docstring)."""
 
     url: str
@@ -160,9 +161,9 @@ class FakeAsterisk:
         self.close_reason = ""
         self._outgoing = bytearray()
         self._sent_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiters: list[Waiter] = []
         self._sent_total = 0
         self._queued_total = 0
-        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None], str]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -185,7 +186,7 @@ class FakeAsterisk:
         """The caller hangs up: chan_websocket closes the socket with 1000."""
         if self.ws is not None and not self.closed:
             await self.ws.close(1000)
-        await self._wait("the socket to close", lambda: self.closed)
+        await self.wait_until("the socket to close", lambda: self.closed)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -384,35 +385,10 @@ class FakeAsterisk:
 
     # -- waiting -----------------------------------------------------------------------------
 
-    def _notify(self) -> None:
-        for predicate, future, what in self._waiters:
-            if future.done():
-                continue
-            if predicate():
-                future.set_result(None)
-            elif self.closed:
-                future.set_exception(AssertionError(f"closed waiting for {what}; {self.summary}"))
-
-    async def _wait(self, what: str, predicate: Callable[[], bool]) -> None:
-        if predicate():
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (predicate, future, what)
-        self._waiters.append(entry)
-        self._notify()
-        try:
-            await asyncio.wait_for(future, self.timeout)
-        except TimeoutError:
-            raise AssertionError(f"timed out waiting for {what}; {self.summary}") from None
-        finally:
-            self._waiters.remove(entry)
-
-    async def wait_until(self, what: str, predicate: Callable[[], bool]) -> None:
-        """Re-checked on every message and every playout tick."""
-        await self._wait(what, predicate)
-
     async def wait_media(self, more_than: int = 0) -> None:
-        await self._wait(f"media beyond {more_than} bytes", lambda: self.received_bytes > more_than)
+        await self.wait_until(
+            f"media beyond {more_than} bytes", lambda: self.received_bytes > more_than
+        )
 
     async def wait_quiet(self, ms: float) -> None:
         """Until something has played, the queue is empty and `ms` have passed since."""
@@ -422,10 +398,10 @@ class FakeAsterisk:
                 return False
             return asyncio.get_running_loop().time() - self.last_played_at >= ms / 1000
 
-        await self._wait(f"{ms:g} ms of quiet after media", quiet)
+        await self.wait_until(f"{ms:g} ms of quiet after media", quiet)
 
     async def wait_command(self, name: str, count: int = 1) -> None:
-        await self._wait(f"{name} #{count}", lambda: self.count(name) >= count)
+        await self.wait_until(f"{name} #{count}", lambda: self.count(name) >= count)
 
     def count(self, name: str) -> int:
         return sum(1 for command, _ in self.commands if command == name)

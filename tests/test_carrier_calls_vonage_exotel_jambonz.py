@@ -51,6 +51,7 @@ from tests.support.configs import (
     serving,
     words_played,
 )
+from tests.support.waiting import PredicateWaits, Waiter
 from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.audio.resample import resample
 from voice_agent.gateways import carriers
@@ -73,7 +74,7 @@ Message = bytes | str
 # -- what every client does: a playout clock, paced caller audio, waits -------------------------
 
 
-class FakeCarrier:
+class FakeCarrier(PredicateWaits):
     """One call from a carrier's media server to the VoiceServer; subclasses speak the wire."""
 
     path: ClassVar[str]
@@ -107,7 +108,7 @@ class FakeCarrier:
         self._queued_total = 0
         self._sent_total = 0
         self._sent_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None], str]] = []
+        self._waiters: list[Waiter] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- the wire: per carrier -------------------------------------------------------------
@@ -276,30 +277,6 @@ class FakeCarrier:
             self._notify()
 
     # -- waiting ---------------------------------------------------------------------------------
-
-    def _notify(self) -> None:
-        for predicate, future, what in self._waiters:
-            if future.done():
-                continue
-            if predicate():
-                future.set_result(None)
-            elif self.closed:
-                future.set_exception(AssertionError(f"closed waiting for {what}; {self.summary}"))
-
-    async def wait_until(self, what: str, predicate: Callable[[], bool]) -> None:
-        """Re-checked on every message from the server and every playout tick."""
-        if predicate():
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (predicate, future, what)
-        self._waiters.append(entry)
-        self._notify()
-        try:
-            await asyncio.wait_for(future, self.timeout)
-        except TimeoutError:
-            raise AssertionError(f"timed out waiting for {what}; {self.summary}") from None
-        finally:
-            self._waiters.remove(entry)
 
     async def wait_media(self, more_than: int = 0) -> None:
         await self.wait_until(
