@@ -43,7 +43,7 @@ from voice_agent.config import VoiceSettings, load_config  # noqa: E402
 from voice_agent.core import call as core  # noqa: E402
 from voice_agent.core.playback import Word  # noqa: E402
 from voice_agent.engines.vad import VadConfig, make_vad  # noqa: E402
-from voice_agent.pipeline.driver import core_config  # noqa: E402
+from voice_agent.pipeline.core_settings import core_config  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "audio"
 FRAME_MS = 20

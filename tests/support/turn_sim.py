@@ -20,7 +20,7 @@ from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import VoiceSettings
 from voice_agent.core import call as core
 from voice_agent.engines.vad import VadConfig, make_vad
-from voice_agent.pipeline.driver import core_config
+from voice_agent.pipeline.core_settings import core_config
 
 FRAME_MS = 20
 STT_RATE = 16000

@@ -9,31 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.audio.frames import Framer
-from voice_agent.audio.pacing import SentencePacer
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import VoiceSettings
 from voice_agent.core import call as core
 from voice_agent.core.callee_hello import QUIET_MS, CalleeHello
-from voice_agent.core.end_of_turn import EndOfTurnConfig
 from voice_agent.core.playback import Word
-from voice_agent.core.turns import TurnConfig
 from voice_agent.core.voicemail import BeepHeard, Human, Machine, VoicemailDetector
 from voice_agent.engines.stt import Stt, SttStream
-from voice_agent.engines.tts import Tts, TtsChunk
+from voice_agent.engines.tts import Tts
 from voice_agent.engines.turn import TurnModel
 from voice_agent.engines.vad import Vad
 from voice_agent.observability import call_context
 from voice_agent.pipeline.calls import CallRecord
+from voice_agent.pipeline.core_settings import core_config
 from voice_agent.pipeline.hold import CHUNK_MS, LEAD_MS, HoldLoop
 from voice_agent.pipeline.recording import CallRecorder
+from voice_agent.pipeline.speech_queue import SpeechQueue
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.call_control import (
     TRANSFER_FAILED_EVENT,
@@ -54,10 +52,6 @@ log = logging.getLogger("voice_agent.call")
 STT_RATE = 16000
 VAD_RATES = (8000, 16000, 32000, 48000)  # what webrtcvad takes as it is
 FRAME_MS = 20
-# Sentences whose synthesis runs at once: the one streaming to the caller and the next, so
-# the next one's first audio is there when the current one ends (an engine's first-byte
-# delay would otherwise fall between the two, in the caller's ears).
-SYNTH_IN_FLIGHT = 2
 # A transcript later than this is given up: the turn gets the agent's fallback line.
 STT_TIMEOUT_S = 10.0
 # The end-of-turn evidence at a pause (core/end_of_turn.py): the acoustic model's verdict is
@@ -94,18 +88,6 @@ class CallControl(Protocol):
         call is still on)."""
 
 
-@dataclass(eq=False)
-class _Synthesis:
-    """One sentence's synthesis under way: its engine pieces, buffered until it is its turn
-    to stream (None ends them; an exception is the engine's failure)."""
-
-    reply_id: int
-    text: str
-    pieces: asyncio.Queue[TtsChunk | BaseException | None] = field(default_factory=asyncio.Queue)
-    task: asyncio.Task[None] | None = None
-    dropped: bool = False
-
-
 @dataclass(frozen=True)
 class Engines:
     """One agent's engines, shared by its calls (a VAD is made per call: it has state)."""
@@ -114,39 +96,6 @@ class Engines:
     stt: Stt
     tts: Tts
     turn_model: TurnModel | None = None  # the acoustic end-of-turn model, if the agent has one
-
-
-def core_config(
-    voice: VoiceSettings,
-    no_input_timeout_s: float,
-    vad_release_ms: int = 0,
-) -> core.CoreConfig:
-    return core.CoreConfig(
-        turn=TurnConfig(
-            min_speech_ms=voice.turn.min_speech_ms,
-            end_of_turn_silence_ms=voice.turn.end_of_turn_silence_ms,
-            pre_roll_ms=voice.turn.pre_roll_ms,
-            vad_release_ms=vad_release_ms,
-            quiet_db=voice.turn.quiet_db,
-            continuation_window_ms=voice.turn.continuation_window_ms,
-        ),
-        end_of_turn=EndOfTurnConfig(
-            enabled=voice.turn.detector == "smart",
-            min_silence_ms=voice.turn.min_silence_ms,
-            max_silence_ms=voice.turn.max_silence_ms,
-            finished_threshold=voice.turn.finished_threshold,
-            unsure_silence_ms=voice.turn.unsure_silence_ms,
-        ),
-        interruption=core.InterruptionConfig(
-            min_interruption_ms=voice.interruption.min_interruption_ms,
-            min_interruption_words=voice.interruption.min_interruption_words,
-            false_interruption_timeout_ms=voice.interruption.false_interruption_timeout_ms,
-            backchannels=tuple(voice.interruption.backchannels),
-            resume_after_false_interruption=voice.interruption.resume_after_false_interruption,
-            backchannel_max_ms=voice.interruption.backchannel_max_ms,
-        ),
-        no_input_timeout_ms=int(no_input_timeout_s * 1000),
-    )
 
 
 class CallPipeline:
@@ -212,13 +161,18 @@ class CallPipeline:
         self._turn_model_failed = False
         self._turn: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Sentences to synthesise, in order: not started yet, then started (at most
-        # SYNTH_IN_FLIGHT, the first of them streaming to the caller).
-        self._synth_waiting: deque[tuple[int, str]] = deque()
-        self._synth_started: asyncio.Queue[_Synthesis] = asyncio.Queue()
-        self._synth_in_flight: list[_Synthesis] = []
-        self._synth_streaming: _Synthesis | None = None
-        self._synth_task: asyncio.Task[None] | None = self._spawn(self._synthesize_forever())
+        self._speech = SpeechQueue(
+            engines.tts,
+            carrier,
+            spawn=self._spawn,
+            now_ms=self.now_ms,
+            at_ms=lambda ms, callback: self._loop.call_at(self._t0 + ms / 1000, callback),
+            reply_wanted=self.core.reply_wanted,
+            stream_wanted=self.core.stream_wanted,
+            on_audio=self._tts_part,
+            on_failure=self._tts_failed,
+            on_done=self._maybe_finish,
+        )
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._pending_events: list[tuple[str, dict[str, Any]]] = []
@@ -365,13 +319,8 @@ class CallPipeline:
         # A cancelled task keeps its exception, whose traceback holds this pipeline: without
         # these references the call's objects are freed as it ends, not in a pause of the
         # whole worker for a full garbage collection.
-        self._synth_task = None
         self._turn = None
-        self._synth_waiting.clear()
-        self._synth_in_flight.clear()
-        self._synth_streaming = None
-        while not self._synth_started.empty():
-            self._synth_started.get_nowait()
+        self._speech.close()
         self.session.audit.close()
         self.finished.set()
 
@@ -442,8 +391,7 @@ class CallPipeline:
                     # The caller talked over the goodbye: they have heard what they will.
                     self._end_now(self._last_words)
             elif isinstance(action, core.Synthesize):
-                self._synth_waiting.append((action.reply_id, action.text))
-                self._start_synthesis()
+                self._speech.add(action.reply_id, action.text)
             elif isinstance(action, core.SendClear):
                 self.out.clear()
                 if self.recorder is not None:
@@ -467,7 +415,7 @@ class CallPipeline:
             elif isinstance(action, core.TurnMetrics):
                 self._turn_metrics(action.data)
         if prune:
-            self._prune_synthesis()
+            self._speech.prune()
         self._set_timer()
 
     def _set_timer(self) -> None:
@@ -635,7 +583,7 @@ class CallPipeline:
     def _maybe_finish(self) -> None:
         if (self._ending is None and self._transfer is None) or self.ended or self._hanging_up:
             return
-        if self.core.playback.playing or self.core.agent_busy or self._synth_in_flight:
+        if self.core.playback.playing or self.core.agent_busy or self._speech.busy:
             return
         if self._transfer is not None:
             transfer, self._transfer = self._transfer, None
@@ -809,142 +757,15 @@ class CallPipeline:
             TRANSFER_FAILED_EVENT, {"destination": transfer.destination, "error": error}
         )
 
-    # ---- TTS ---------------------------------------------------------------------------
-
-    def _prune_synthesis(self) -> None:
-        """Stop synthesising what the caller will not hear: sentences of replies a barge-in
-        stopped or that are committed, and the rest of one cut while it streamed once it can
-        no longer resume. Waiting for them would hold up the next reply's audio."""
-        wanted = self.core.reply_wanted
-        if any(not wanted(reply_id) for reply_id, _ in self._synth_waiting):
-            self._synth_waiting = deque(s for s in self._synth_waiting if wanted(s[0]))
-        kept: list[_Synthesis] = []
-        for synthesis in self._synth_in_flight:
-            streaming = synthesis is self._synth_streaming
-            if streaming:
-                keep = self.core.stream_wanted(synthesis.reply_id)
-            else:
-                keep = wanted(synthesis.reply_id)
-            if not keep and not synthesis.dropped:
-                self._drop(synthesis)
-            if keep or streaming:
-                kept.append(synthesis)  # a dropped one that streams is let go by the synth task
-        self._synth_in_flight = kept
-        self._start_synthesis()
-
-    @staticmethod
-    def _drop(synthesis: _Synthesis) -> None:
-        """Cancel its engine request; the synth task skips it, or ends it if it streams."""
-        synthesis.dropped = True
-        if synthesis.task is not None:
-            synthesis.task.cancel()
-        pieces = synthesis.pieces
-        while not pieces.empty():
-            pieces.get_nowait()
-        pieces.put_nowait(None)
-
-    def _start_synthesis(self) -> None:
-        while self._synth_waiting and len(self._synth_in_flight) < SYNTH_IN_FLIGHT:
-            reply_id, text = self._synth_waiting.popleft()
-            synthesis = _Synthesis(reply_id, text)
-            synthesis.task = self._spawn(self._request_speech(synthesis))
-            self._synth_in_flight.append(synthesis)
-            self._synth_started.put_nowait(synthesis)
-
-    async def _request_speech(self, synthesis: _Synthesis) -> None:
-        pieces = synthesis.pieces
-        try:
-            async for chunk in self.engines.tts.synthesize(synthesis.text):
-                pieces.put_nowait(chunk)
-        except asyncio.CancelledError:
-            # The cancelled task keeps its error, whose traceback holds this frame and so the
-            # synthesis: were the synthesis to hold the task, only the collector could free
-            # them (and the pipeline this frame holds).
-            synthesis.task = None
-            raise
-        except Exception as exc:
-            pieces.put_nowait(exc)
-            return
-        pieces.put_nowait(None)
-
-    async def _synthesize_forever(self) -> None:
-        while True:
-            synthesis = await self._synth_started.get()
-            if synthesis.dropped:
-                continue
-            self._synth_streaming = synthesis
-            try:
-                await self._synthesize(synthesis)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.session.audit.add("error", where="tts", message=f"{type(exc).__name__}: {exc}")
-                self._apply(
-                    self.core.tts_audio(synthesis.reply_id, synthesis.text, b"", 0.0, self.now_ms())
-                )
-            self._synth_streaming = None
-            self._synth_in_flight.remove(synthesis)
-            self._start_synthesis()
-            self._maybe_finish()
-
-    async def _synthesize(self, synthesis: _Synthesis) -> None:
-        """One sentence: its audio goes out as the engine streams it (paced, see audio.pacing);
-        the core places its words (and sends its mark) when the last of it has come."""
-        reply_id, text = synthesis.reply_id, synthesis.text
-        tts = self.engines.tts
-        carrier = self.carrier
-        to_carrier = (
-            StreamResampler(tts.sample_rate, carrier.sample_rate)
-            if tts.sample_rate != carrier.sample_rate
-            else None
-        )
-        # Paced on the engine's audio, so that what is held back is not resampled yet either.
-        pacer = SentencePacer(tts.sample_rate * 2 / 1000)
-
-        def to_send(pcm: bytes, last: bool = False) -> bytes:
-            if to_carrier is not None:
-                pcm = to_carrier.process(pcm) + (to_carrier.flush() if last else b"")
-            return carrier.encode(pcm) if pcm else b""
-
-        held: asyncio.TimerHandle | None = None
-
-        def send_held() -> None:
-            # The engine went quiet while audio was held back: send it before the caller
-            # runs short.
-            nonlocal held
-            held = None
-            if audio := to_send(pacer.take()):
-                self._tts_part(reply_id, text, audio, last=False)
-
-        words: list[Word] = []
-        try:
-            while (chunk := await synthesis.pieces.get()) is not None:
-                if isinstance(chunk, BaseException):
-                    raise chunk
-                if held is not None:
-                    held.cancel()
-                    held = None
-                words.extend(Word(w.word, w.start_ms, w.end_ms) for w in chunk.words)
-                pcm = pacer.push(chunk.pcm, self.now_ms())
-                if pcm and (audio := to_send(pcm)):
-                    self._tts_part(reply_id, text, audio, last=False)
-                due_ms = pacer.due_ms()
-                if due_ms is not None:
-                    held = self._loop.call_at(self._t0 + due_ms / 1000, send_held)
-        finally:
-            if held is not None:
-                held.cancel()
-        timed = tuple(words) if tts.gives_word_timings and words else None
-        self._tts_part(reply_id, text, to_send(pacer.finish(), last=True), last=True, words=timed)
+    # ---- TTS (pipeline/speech_queue.py) -------------------------------------------------
 
     def _tts_part(
         self,
         reply_id: int,
         text: str,
         audio: bytes,
-        *,
         last: bool,
-        words: tuple[Word, ...] | None = None,
+        words: tuple[Word, ...] | None,
     ) -> None:
         duration_ms = len(audio) / self.carrier.bytes_per_ms
         self._apply(
@@ -952,6 +773,10 @@ class CallPipeline:
                 reply_id, text, audio, duration_ms, self.now_ms(), words=words, last=last
             )
         )
+
+    def _tts_failed(self, reply_id: int, text: str, exc: Exception) -> None:
+        self.session.audit.add("error", where="tts", message=f"{type(exc).__name__}: {exc}")
+        self._apply(self.core.tts_audio(reply_id, text, b"", 0.0, self.now_ms()))
 
     # ---- events for the native protocol --------------------------------------------------
 
