@@ -56,13 +56,13 @@ SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent
 sys.path.insert(0, str(ROOT))
 
+from voice_agent.agents.registry import AgentRegistry  # noqa: E402
 from voice_agent.audio.codec import CarrierFormat  # noqa: E402
 from voice_agent.audio.resample import StreamResampler  # noqa: E402
 from voice_agent.callers import TwilioClient  # noqa: E402
 from voice_agent.engines.stt import SttStream, Transcript  # noqa: E402
 from voice_agent.gateways.media_socket import MediaConnection, Message  # noqa: E402
 from voice_agent.pipeline.driver import STT_RATE, CallPipeline  # noqa: E402
-from voice_agent.runtime.registry import AgentRegistry  # noqa: E402
 from voice_agent.server.app import VoiceServer  # noqa: E402
 from voice_agent.transports import native, twilio  # noqa: E402
 

@@ -29,10 +29,10 @@ from tests.support.intent_eval import (  # noqa: E402
     heard,
     load_lines,
 )
+from voice_agent.agents.registry import AgentRegistry  # noqa: E402
 from voice_agent.brains.flows.intents import IntentMatcher  # noqa: E402
 from voice_agent.brains.flows.semantic import SemanticMatcher  # noqa: E402
 from voice_agent.engines.embedding import SentenceEncoder, load_encoder  # noqa: E402
-from voice_agent.runtime.registry import AgentRegistry  # noqa: E402
 
 
 class Remembering:

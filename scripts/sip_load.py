@@ -119,8 +119,8 @@ async def _serve(config: Path, listen: str, report: Path) -> int:
     import gc
     import logging
 
+    from voice_agent.agents.registry import AgentRegistry
     from voice_agent.observability import configure_logging
-    from voice_agent.runtime.registry import AgentRegistry
     from voice_agent.server.app import VoiceServer
 
     class MeasuredServer(VoiceServer):

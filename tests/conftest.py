@@ -12,7 +12,7 @@ import yaml
 from aiohttp import web
 
 from tests.support.openai_server import OpenAIStandIn
-from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.runtime.secrets import Secrets
 from voice_agent.runtime.session import AgentEvent, AgentSpeech, AgentSpeechEnd
 

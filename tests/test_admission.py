@@ -8,8 +8,8 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.support.configs import default_config_with
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.callers import NativeClient
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.server.admission import Admission, CpuSampler, RefusalReport
 from voice_agent.server.app import VoiceServer
 

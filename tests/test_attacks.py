@@ -40,11 +40,11 @@ from tests.support.attacker import (
 )
 from tests.support.configs import default_config_with
 from tests.support.openai_server import OpenAIStandIn, Reply
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
 from voice_agent.callers import NativeClient
 from voice_agent.observability import configure_logging
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.secrets import Secrets
 from voice_agent.server.app import VoiceServer
 

@@ -12,9 +12,9 @@ import yaml
 
 from tests.support.configs import default_config_with
 from tests.support.openai_server import OpenAIStandIn, Reply
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.errors import ConfigError
 from voice_agent.runtime.call_control import CallTransfer, SendDigits
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.session import AgentEvent, AgentSpeech, CallEnd, CallSession
 
 DESTINATIONS = {"front_desk": "sip:desk@192.0.2.10", "manager": "+14155550199"}

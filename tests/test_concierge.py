@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import speech
 from tests.support.openai_server import OpenAIStandIn, Reply
-from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.runtime.session import CallSession
 
 CONFIG = Path(__file__).parent.parent / "config" / "agents.yaml"

@@ -8,7 +8,7 @@ from typing import Any
 
 from tests.conftest import FIXTURES, speech
 from tests.support.openai_server import OpenAIStandIn, Reply
-from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.runtime.session import CallSession
 
 CALLS = 200

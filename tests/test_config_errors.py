@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from voice_agent.agents import registry as registry_module
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.cli import main
 from voice_agent.errors import ConfigError
-from voice_agent.runtime import registry as registry_module
-from voice_agent.runtime.registry import AgentRegistry
 
 CONFIG = "agents.yaml"
 FUNCTIONS = "functions.py"

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tests.support.configs import default_config_with
-from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.runtime.session import AgentEvent, AgentSpeech, CallSession
 
 

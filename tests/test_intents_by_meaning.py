@@ -20,10 +20,10 @@ import pytest
 from tests.conftest import report
 from tests.support.intent_eval import HEADER, NOW, VOICES, figures, heard, load_lines
 from tests.test_default_agent import chat
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.brains.flows.intents import IntentMatcher, Matcher
 from voice_agent.brains.flows.semantic import SemanticMatcher
 from voice_agent.engines.embedding import SentenceEncoder, load_encoder
-from voice_agent.runtime.registry import AgentRegistry
 
 ROOT = Path(__file__).resolve().parent.parent
 SATURDAY = datetime(2026, 12, 5, 12, 0)

@@ -24,9 +24,22 @@ FORBIDDEN: dict[str, set[str]] = {
     "voice_agent.transports": ABOVE_A_CALL,
     "voice_agent.audio": ABOVE_A_CALL | {"voice_agent.core"},
     "voice_agent.engines": ABOVE_A_CALL,
-    "voice_agent.runtime": ABOVE_A_CALL,
-    "voice_agent.brains": ABOVE_A_CALL,
+    # An agent's runtime (session, tools, expressions) under the brains that drive it, and
+    # both under the registry that compiles a config into agents with their brains.
+    "voice_agent.runtime": ABOVE_A_CALL | {"voice_agent.brains", "voice_agent.agents"},
+    "voice_agent.brains": ABOVE_A_CALL | {"voice_agent.agents"},
+    "voice_agent.agents": ABOVE_A_CALL,
 }
+# The config's schema and what it stands on, read by every layer: it may check a model's or a
+# file's path with the engines' and audio's own readers (lazily), and uses nothing of an agent
+# or a call.
+BASE = {
+    "voice_agent.config",
+    "voice_agent.errors",
+    "voice_agent.public_url",
+    "voice_agent.destination",
+}
+BASE_MAY_USE = BASE | {"voice_agent.engines", "voice_agent.audio"}
 
 
 def module_name(path: Path) -> str:
@@ -78,3 +91,15 @@ def test_an_upward_import_is_seen_wherever_it_is_written(tmp_path: Path) -> None
     above = [(line, part_of(name, PROCESS)) for line, name in imports(path)]
     assert sorted(line for line, part in above if part == "voice_agent.server") == [3, 5, 5, 6]
     assert part_of("voice_agent.serverless", PROCESS) is None
+
+
+def test_the_config_schema_imports_no_agent_or_call_part() -> None:
+    """`config.py` and what it stands on reach no runtime, brain, registry or call part, so no
+    import of the config by one of them comes round to itself."""
+    broken = []
+    for name in sorted(BASE):
+        path = PACKAGE.parent / (name.replace(".", "/") + ".py")
+        for line, imported in imports(path):
+            if part_of(imported, BASE_MAY_USE) is None:
+                broken.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
+    assert broken == []

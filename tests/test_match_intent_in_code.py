@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support.configs import default_config_with
-from voice_agent.runtime.registry import AgentRegistry
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.runtime.session import AgentEvent, AgentSpeech, CallSession
 
 TRIGGERS = """

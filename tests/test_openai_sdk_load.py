@@ -16,7 +16,7 @@ PROBE = textwrap.dedent(
     from voice_agent.engines.stt.openai import OpenAiStt
     from voice_agent.engines.tts.base import TtsConfig
     from voice_agent.engines.tts.openai import OpenAITts
-    from voice_agent.runtime.registry import AgentRegistry
+    from voice_agent.agents.registry import AgentRegistry
 
     def loaded():
         return "openai.resources" in sys.modules

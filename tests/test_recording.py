@@ -405,8 +405,8 @@ async def test_a_recorded_call_is_referenced_from_its_record_and_served(tmp_path
     import httpx
 
     from tests.support.configs import default_config_with
+    from voice_agent.agents.registry import AgentRegistry
     from voice_agent.callers import NativeClient
-    from voice_agent.runtime.registry import AgentRegistry
     from voice_agent.server.app import VoiceServer
 
     config = default_config_with(

@@ -20,8 +20,8 @@ from websockets.exceptions import InvalidStatus
 from tests.support.configs import default_config_with, serving
 from tests.support.configs import ended_call as record
 from tests.support.rtc_caller import RtcCaller
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.audio.wav import read_wav
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.secrets import Secrets
 from voice_agent.server.app import VoiceServer
 

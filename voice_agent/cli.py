@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from voice_agent import __version__
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.errors import VoiceAgentError
 from voice_agent.observability import add_log_secrets, configure_logging
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.secrets import SecretStore
 from voice_agent.secrets_cli import add_secrets_parser
 from voice_agent.simulator import chat

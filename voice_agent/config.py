@@ -19,9 +19,9 @@ from pydantic import (
     model_validator,
 )
 
+from voice_agent.destination import DESTINATION
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.public_url import validate_public_url
-from voice_agent.runtime.call_control import DESTINATION
 
 MAX_UPDATES_PER_TOOL = 50
 

@@ -8,9 +8,9 @@ import sys
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, TextIO
 
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.call_control import CallTransfer, SendDigits
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.session import (
     AgentEvent,
     AgentSpeech,

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import yaml
 
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.core.sentences import SentenceSplitter
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.runtime.secrets import Secrets
 from voice_agent.server.app import VoiceServer
 

@@ -66,7 +66,8 @@ from voice_agent.callcontrol.placed_calls import (
     Verdict,
     Via,
 )
-from voice_agent.runtime.call_control import DESTINATION, CallTransfer
+from voice_agent.destination import DESTINATION
+from voice_agent.runtime.call_control import CallTransfer
 
 __all__ = [
     "DEFAULT_API_URL",

@@ -50,6 +50,7 @@ from types import ModuleType
 from typing import Any, ClassVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.audio.codec import CarrierFormat, Encoding
 from voice_agent.callcontrol.plivo_rest import PlivoRest
 from voice_agent.callcontrol.telnyx_rest import TelnyxRest
@@ -64,7 +65,6 @@ from voice_agent.gateways.endpoints import (
 )
 from voice_agent.gateways.media_socket import MediaConnection, Message
 from voice_agent.runtime.call_control import CallTransfer
-from voice_agent.runtime.registry import AgentRegistry
 from voice_agent.transports import exotel, jambonz, plivo, telnyx, vonage
 from voice_agent.transports.errors import POLICY_VIOLATION, ProtocolWarning, close_reason
 

@@ -14,7 +14,6 @@ dialling anywhere else.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +27,6 @@ VOICEMAIL_EVENT = "voicemail"  # an answering machine's message may start (answe
 DTMF_KEYS = frozenset("0123456789*#ABCD")
 MAX_DIGITS = 32  # an IVR menu path or an extension, not a data channel
 MAX_REASON_CHARS = 200
-# What a destination may be: a SIP URI for SIP calls (REFER's Refer-To) or a phone number /
-# tel: URI for the carriers, which dial it themselves.
-DESTINATION = re.compile(r"(sips?:[^\s<>\"]+|tel:\+?[0-9*#-]+|\+?[0-9]{3,20})")
 
 
 @dataclass(frozen=True)

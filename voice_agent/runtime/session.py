@@ -45,7 +45,7 @@ from voice_agent.runtime.triggers import TriggerKind
 from voice_agent.runtime.update_state import evaluate_updates
 
 if TYPE_CHECKING:
-    from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
+    from voice_agent.runtime.agent import Agents, CompiledAgent
 
 TRANSFER_TOOL = "transfer_to_agent"
 MAX_EVENT_DEPTH = 4
@@ -125,7 +125,7 @@ class _TurnStart:
 class CallSession:
     def __init__(
         self,
-        registry: AgentRegistry,
+        registry: Agents,
         *,
         agent: str | None = None,
         args: Mapping[str, Any] | None = None,

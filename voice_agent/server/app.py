@@ -29,7 +29,9 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from voice_agent.agents.registry import AgentRegistry
 from voice_agent.audio.codec import CarrierFormat
+from voice_agent.brains.flows.flow import FlowBrain
 from voice_agent.callcontrol.carrier_dialer import CarrierDialer, Placer, decision
 from voice_agent.callcontrol.placed_calls import PlacedCall, Via
 from voice_agent.callcontrol.plivo_rest import PlivoPlacer
@@ -70,8 +72,8 @@ from voice_agent.pipeline.recording import (
     recording_format,
     recordings_dir,
 )
+from voice_agent.runtime.agent import CompiledAgent
 from voice_agent.runtime.audit import AuditEvent
-from voice_agent.runtime.registry import AgentRegistry, CompiledAgent
 from voice_agent.runtime.secrets import DATA_DIR_ENV
 from voice_agent.runtime.session import CallSession
 from voice_agent.server import drain
@@ -379,13 +381,11 @@ class VoiceServer:
         domain, by the config's design). Backchannels are left out: with them the small LM
         recognised the booking lines worse (measured on the fixtures).
         """
-        agents = [agent] if agent.matcher is not None else list(self.registry.agents.values())
+        flows = [a.brain for a in self.registry.agents.values() if isinstance(a.brain, FlowBrain)]
+        if isinstance(agent.brain, FlowBrain):
+            flows = [agent.brain]
         phrases = [
-            phrase
-            for candidate in agents
-            if candidate.matcher is not None
-            for intent in candidate.matcher.intents
-            for phrase in intent.phrases
+            phrase for flow in flows for intent in flow.matcher.intents for phrase in intent.phrases
         ]
         return tuple(dict.fromkeys(phrases))
 

@@ -50,7 +50,7 @@ from aiohttp import web
 
 from voice_agent.callcontrol.carrier_dialer import CALLBACK_PREFIX, Callback, Reply
 from voice_agent.callcontrol.placed_calls import CARRIER_VIAS
-from voice_agent.runtime.call_control import DESTINATION
+from voice_agent.destination import DESTINATION
 
 VIAS = ("sip", *CARRIER_VIAS)
 

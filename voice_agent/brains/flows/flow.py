@@ -12,7 +12,7 @@ from datetime import date, datetime, time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from voice_agent.brains.flows.intents import FILLERS, IntentMatch, IntentSpec, MatchResult
+from voice_agent.brains.flows.intents import FILLERS, IntentMatch, IntentSpec, Matcher, MatchResult
 from voice_agent.brains.flows.parameters import (
     EntitySpec,
     ParameterSpec,
@@ -29,7 +29,7 @@ from voice_agent.runtime.templates import render
 from voice_agent.runtime.update_state import compile_updates, evaluate_updates
 
 if TYPE_CHECKING:
-    from voice_agent.runtime.registry import CompiledAgent
+    from voice_agent.runtime.agent import CompiledAgent
     from voice_agent.runtime.session import CallSession
 
 _PARAM_TYPES = {
@@ -156,6 +156,7 @@ class FlowBrain:
     def __init__(
         self,
         agent: CompiledAgent,
+        matcher: Matcher,
         pages: dict[str, Page],
         start_page: str,
         routes: tuple[Route, ...],
@@ -168,11 +169,12 @@ class FlowBrain:
         self.routes = routes
         self.handlers = handlers
         self.page_intent_margin = page_intent_margin
-        self.entities = agent.matcher.entities if agent.matcher else {}
+        self.matcher = matcher
+        self.entities = matcher.entities
         # The parameters that hold a day or a time said on its own ("date", "time" of the
         # default agent's intents): a datetime said in halves, in a form or an intent's
         # parameters, is joined from them.
-        intents = agent.matcher.intents if agent.matcher else ()
+        intents = matcher.intents
         self.intent_parameters = {intent.name: intent.parameters for intent in intents}
         specs = [spec for intent in intents for spec in intent.parameters]
         specs += [field_.spec for page in pages.values() for field_ in page.form]
@@ -182,10 +184,11 @@ class FlowBrain:
     # ---- compiling ---------------------------------------------------------------------
 
     @classmethod
-    def compile(cls, agent: CompiledAgent, flow: FlowConfig, *, file: str, key: str) -> FlowBrain:
-        assert agent.matcher is not None
-        intent_names = {intent.name for intent in agent.matcher.intents}
-        entities = agent.matcher.entities
+    def compile(
+        cls, agent: CompiledAgent, matcher: Matcher, flow: FlowConfig, *, file: str, key: str
+    ) -> FlowBrain:
+        intent_names = {intent.name for intent in matcher.intents}
+        entities = matcher.entities
         functions = agent.local_tools
         targets = set(agent.config.transitions)
         destinations = agent.config.destinations
@@ -271,7 +274,9 @@ class FlowBrain:
                     key=f"{key}.events.{name}",
                 )
             handlers[name] = route(handler, f"{key}.events.{name}")
-        return cls(agent, pages, flow.start_page, flow_routes, handlers, flow.page_intent_margin)
+        return cls(
+            agent, matcher, pages, flow.start_page, flow_routes, handlers, flow.page_intent_margin
+        )
 
     # ---- running -----------------------------------------------------------------------
 
@@ -317,9 +322,8 @@ class FlowBrain:
         outcome = StepOutcome()
         page = self._page(session)
         now = session.now()
-        assert session.agent.matcher is not None
         # Matching by meaning encodes the utterance (about 11 ms of CPU): not on the event loop.
-        result = await asyncio.to_thread(session.agent.matcher.match, text, now=now)
+        result = await asyncio.to_thread(self.matcher.match, text, now=now)
         earlier_date = _earlier(session.state, self.date_names, date.fromisoformat)
         earlier_time = _earlier(session.state, self.time_names, time.fromisoformat)
         best = self._answering(page, result)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 from rapidfuzz import fuzz, process
@@ -20,6 +20,7 @@ from voice_agent.brains.flows.parameters import (
     extract_parameters,
 )
 from voice_agent.errors import ConfigError
+from voice_agent.runtime.intent_match import IntentMatch, MatchResult
 
 __all__ = [
     "FILLERS",
@@ -70,27 +71,6 @@ class IntentSpec:
     name: str
     phrases: tuple[str, ...]
     parameters: tuple[ParameterSpec, ...] = ()
-
-
-@dataclass(frozen=True)
-class IntentMatch:
-    """An intent an utterance matched, how confidently (0..1), and its extracted parameters."""
-
-    intent: str
-    confidence: float
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MatchResult:
-    """The utterance and the intents it matched above the threshold, best first."""
-
-    text: str
-    matches: tuple[IntentMatch, ...]
-
-    @property
-    def best(self) -> IntentMatch | None:
-        return self.matches[0] if self.matches else None
 
 
 def ranked(

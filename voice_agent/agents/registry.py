@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from voice_agent.brains.flows.flow import FlowBrain, load_intents
-from voice_agent.brains.flows.intents import IntentMatcher, IntentSpec, Matcher, MatchResult
+from voice_agent.brains.flows.intents import IntentMatcher, IntentSpec, Matcher
 from voice_agent.brains.flows.parameters import EntitySpec
 from voice_agent.brains.flows.semantic import THRESHOLD as MEANING_THRESHOLD
 from voice_agent.brains.flows.semantic import SemanticMatcher
@@ -18,82 +16,14 @@ from voice_agent.brains.playbook import PlaybookBrain
 from voice_agent.config import AgentConfig, LoadedConfig, NluSettings, load_config, read_yaml
 from voice_agent.engines.embedding import EmbeddingError, load_encoder
 from voice_agent.errors import ConfigError
-from voice_agent.runtime.call_control import send_dtmf_schema, transfer_call_schema
-from voice_agent.runtime.functions import FunctionModule, LocalTool, load_functions
-from voice_agent.runtime.remote_tools import RemoteAction, RemoteTool, load_remote_tool
+from voice_agent.runtime.agent import CompiledAgent, FlowHandle
+from voice_agent.runtime.functions import FunctionModule, load_functions
+from voice_agent.runtime.remote_tools import RemoteTool, load_remote_tool
 from voice_agent.runtime.secrets import Secrets
 from voice_agent.runtime.update_state import UpdateStateTool, compile_updates
 
 if TYPE_CHECKING:
-    from voice_agent.runtime.expressions import Expression
-    from voice_agent.runtime.session import AgentEvent, CallSession, StepOutcome
-
-
-class Brain(Protocol):
-    """Chooses what an agent does: an LLM playbook or a deterministic flow."""
-
-    def enter(self, session: CallSession, outcome: StepOutcome) -> AsyncIterator[AgentEvent]: ...
-    def turn(self, session: CallSession, text: str) -> AsyncIterator[AgentEvent]: ...
-    def event(
-        self, session: CallSession, name: str, data: Mapping[str, Any], outcome: StepOutcome
-    ) -> AsyncIterator[AgentEvent]: ...
-    def expecting(self, session: CallSession) -> str | None:
-        """What the agent's last words asked the caller for ("phone", "number", "datetime",
-        "name", "yes_no", ...), None if nothing in particular: it helps tell a finished
-        answer from a pause (core/transcript_cues.py)."""
-        ...
-
-
-@dataclass
-class CompiledAgent:
-    name: str
-    config: AgentConfig
-    functions: FunctionModule | None
-    update_tools: dict[str, UpdateStateTool]
-    on_enter: dict[str, Expression]
-    on_turn: dict[str, Expression]
-    remote_tools: dict[str, RemoteTool]
-    matcher: Matcher | None = None
-    brain: Brain = field(init=False)
-    remote_actions: dict[str, RemoteAction] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.remote_actions = {
-            self.remote_llm_name(tool.name, action.name): action
-            for tool in self.remote_tools.values()
-            for action in tool.actions.values()
-        }
-
-    @property
-    def local_tools(self) -> dict[str, LocalTool]:
-        return self.functions.tools if self.functions else {}
-
-    @staticmethod
-    def remote_llm_name(tool: str, action: str) -> str:
-        # OpenAI function names allow no dots, so `tools.weather.get` is `weather__get` to the LLM.
-        return f"{tool}__{action}"
-
-    def llm_tools(self) -> list[dict[str, Any]]:
-        schemas = [tool.spec.tool_schema() for tool in self.local_tools.values()]
-        schemas += [tool.tool_schema() for tool in self.update_tools.values()]
-        schemas += [
-            {
-                "type": "function",
-                "function": {
-                    "name": name,
-                    "description": action.description,
-                    "parameters": action.parameters,
-                },
-            }
-            for name, action in self.remote_actions.items()
-        ]
-        if self.config.transitions:
-            schemas.append(transfer_tool_schema(self.config.transitions))
-        if self.config.destinations:
-            schemas.append(transfer_call_schema(self.config.destinations))
-        if self.config.send_dtmf:
-            schemas.append(send_dtmf_schema())
-        return schemas
+    from voice_agent.runtime.session import CallSession
 
 
 _SECRET_PLACEHOLDER = re.compile(r"\{\{\s*secrets?[:.]")
@@ -110,38 +40,6 @@ def _spoken_texts(config: AgentConfig) -> list[tuple[str, str]]:
             for index, route in enumerate(page.routes):
                 texts.append((f"flow.pages.{name}.routes[{index}].say", route.say or ""))
     return texts
-
-
-def transfer_tool_schema(targets: list[str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": "transfer_to_agent",
-            "description": "Hand the conversation over to another agent.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "agent": {"type": "string", "enum": list(targets)},
-                    "args": {
-                        "type": "object",
-                        "description": "Values to pass to the new agent's state.",
-                    },
-                },
-                "required": ["agent"],
-            },
-        },
-    }
-
-
-class FlowHandle:
-    """`flows.<name>` in code blocks: the named flow agent's intent matcher."""
-
-    def __init__(self, matcher: Matcher, session: CallSession) -> None:
-        self._matcher = matcher
-        self._session = session
-
-    def match_intent(self, text: str) -> MatchResult:
-        return self._matcher.match(text, now=self._session.now())
 
 
 class AgentRegistry:
@@ -282,8 +180,11 @@ class AgentRegistry:
             assert config.flow is not None and config.intents is not None
             intents_path = self.loaded.resolve(config.intents)
             intents, entities = load_intents(read_yaml(intents_path, what="intents"), intents_path)
-            agent.matcher = self._matcher(config, intents, entities, key)
-            agent.brain = FlowBrain.compile(agent, config.flow, file=file, key=f"{key}.flow")
+            matcher = self._matcher(config, intents, entities, key)
+            agent.matcher = matcher
+            agent.brain = FlowBrain.compile(
+                agent, matcher, config.flow, file=file, key=f"{key}.flow"
+            )
         else:
             agent.brain = PlaybookBrain(config.llm)
         return agent

@@ -1,0 +1,1 @@
+"""The agents a config defines, compiled once: registry.py."""
