@@ -1,6 +1,7 @@
-"""The SIP listener: moves datagrams between UDP sockets and the sans-I/O user agent server
-(voice_agent.sip.uas) and each call's RTP session (voice_agent.sip.media), and runs each
-confirmed call on the same call pipeline as /twilio.
+"""The SIP listener: moves datagrams between UDP sockets and the sans-I/O SIP endpoint
+(voice_agent.sip.endpoint: the calls that come in and the calls placed through the trunk) and
+each call's RTP session (voice_agent.sip.media), and runs each confirmed call on the same call
+pipeline as /twilio.
 
 One clock paces every call's RTP: each call is on one of four phases of a 20 ms monotonic
 deadline grid, 5 ms apart, and a tick of its phase sends it one packet (the agent's audio or
@@ -27,6 +28,7 @@ from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.sip import uac as outbound
 from voice_agent.sip import uas as sip
 from voice_agent.sip.auth import Credentials, DigestAuthenticator
+from voice_agent.sip.endpoint import Action, CallEvent, SipEndpoint
 from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
 from voice_agent.sip.message import SipMessage, name_addr_uri, uri_user
@@ -323,6 +325,7 @@ class SipGateway:
         self.calls: dict[str, _LiveCall] = {}
         self.uas: sip.UserAgentServer | None = None
         self.uac: outbound.UserAgentClient | None = None  # calls the server places
+        self.endpoint: SipEndpoint | None = None  # both, behind one datagram and one clock
         self._transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -375,6 +378,7 @@ class SipGateway:
                     ring_timeout_ms=self.trunk.ring_timeout_s * 1000,
                 )
             )
+        self.endpoint = SipEndpoint(self.uas, self.uac)
         log.info("SIP on udp %s:%d (contact %s)", self.host, self.port, self.public)
 
     def drain(self) -> None:
@@ -404,15 +408,10 @@ class SipGateway:
     # ---- signalling ----------------------------------------------------------------------
 
     def datagram(self, data: bytes, source: Addr) -> None:
-        if self.uas is None:
+        if self.endpoint is None:
             return
-        actions: Sequence[sip.Action | outbound.Action]
         try:
-            if self.uac is not None and self.uac.claims(data):
-                # Our trunk's responses and the callee's requests in a call we placed.
-                actions = self.uac.datagram(data, source, self.now_ms())
-            else:
-                actions = self.uas.datagram(data, source, self.now_ms())
+            actions = self.endpoint.datagram(data, source, self.now_ms())
         except Exception:
             # A bug, not the peer's fault: this datagram is lost, the port and its calls go on.
             log.exception("sip: a datagram from %s:%d could not be handled", *source)
@@ -433,10 +432,8 @@ class SipGateway:
 
     def _send_bye(self, call_id: str, reason: str) -> None:
         # A caller's own BYE meanwhile makes this a no-op.
-        if self.uac is not None and call_id in self.uac.calls:
-            self._apply(self.uac.hang_up(call_id, self.now_ms(), reason))
-        elif self.uas is not None:
-            self._apply(self.uas.hang_up(call_id, self.now_ms(), reason))
+        if self.endpoint is not None:
+            self._apply(self.endpoint.hang_up(call_id, self.now_ms(), reason))
 
     async def transfer(self, call: _LiveCall, transfer: CallTransfer) -> str | None:
         """REFER the caller to the destination; None once it has gone there, else why not."""
@@ -456,84 +453,77 @@ class SipGateway:
                 return None
             return f"no answer to the REFER in {TRANSFER_WAIT_S:g} s"
 
-    def _apply(self, actions: Sequence[sip.Action | outbound.Action]) -> None:
-        call: _LiveCall | None
+    def _apply(self, actions: Sequence[Action]) -> None:
         for action in actions:
             if isinstance(action, sip.Send):
                 if self._transport is not None:
                     self._transport.sendto(action.data, action.addr)
+            elif isinstance(action, sip.Refused):
+                self._refused(action)
             elif isinstance(action, sip.IncomingCall):
-                new = _LiveCall(self, action.call_id, action, action.source[0])
-                self.calls[action.call_id] = new
-                task = asyncio.ensure_future(self._run(new))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            elif isinstance(action, sip.CallConfirmed):
-                call = self.calls.get(action.call_id)
-                if call is not None:
-                    call.negotiated = action.negotiated
-                    call.confirmed.set()
-            elif isinstance(action, sip.MediaChanged):
-                call = self.calls.get(action.call_id)
-                if call is not None and call.media is not None:
-                    call.media.update(action.negotiated)
-                    log.info(
-                        "sip call %s: %s",
-                        action.call_id,
-                        "on hold" if action.negotiated.on_hold else "media updated",
-                    )
-            elif isinstance(action, sip.DtmfReceived):
-                call = self.calls.get(action.call_id)
-                if call is not None and call.pipeline is not None:
-                    call.pipeline.dtmf(action.digit)
-            elif isinstance(action, sip.CallEnded):
-                call = self.calls.get(action.call_id)
-                if call is not None:
-                    call.end(action.reason)
-            elif isinstance(action, outbound.Answered):
-                call = self.calls.get(action.call_id)
-                if call is not None:
-                    call.negotiated = action.negotiated
-                    call.confirmed.set()
-            elif isinstance(action, outbound.Failed):
-                call = self.calls.get(action.call_id)
-                if call is not None:
-                    call.end(failure_reason(action))
+                self._incoming(action)
             elif isinstance(action, outbound.Ringing):
                 log.info("sip call %s: ringing (%d)", action.call_id, action.status)
-            elif isinstance(action, sip.TransferAccepted):
+            elif isinstance(action, outbound.Dialing):
+                pass  # _place reads it from dial()'s own actions
+            else:
                 call = self.calls.get(action.call_id)
                 if call is not None:
-                    call.transfer_accepted = True
-            elif isinstance(action, sip.TransferProgress):
-                call = self.calls.get(action.call_id)
-                if call is not None and action.final:
-                    ok = 200 <= action.status < 300
-                    call.transfer_done(
-                        None if ok else f"the target answered {action.status} {action.reason}"
-                    )
-            elif isinstance(action, sip.TransferFailed):
-                call = self.calls.get(action.call_id)
-                if call is not None:
-                    call.transfer_done(f"the REFER was refused: {action.status} {action.reason}")
-            elif isinstance(action, sip.Refused):
-                log.info(
-                    "sip %s:%d: %s%s",
-                    action.addr[0],
-                    action.addr[1],
-                    action.reason,
-                    f" ({action.status})" if action.status else " (dropped)",
-                )
-                if self._on_refused is not None:
-                    self._on_refused(action)
+                    self._call_event(call, action)
         self._schedule()
 
+    def _refused(self, action: sip.Refused) -> None:
+        log.info(
+            "sip %s:%d: %s%s",
+            action.addr[0],
+            action.addr[1],
+            action.reason,
+            f" ({action.status})" if action.status else " (dropped)",
+        )
+        if self._on_refused is not None:
+            self._on_refused(action)
+
+    def _incoming(self, action: sip.IncomingCall) -> None:
+        new = _LiveCall(self, action.call_id, action, action.source[0])
+        self.calls[action.call_id] = new
+        task = asyncio.ensure_future(self._run(new))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _call_event(self, call: _LiveCall, action: CallEvent) -> None:
+        """What one of the user agents says of a live call, either way it began."""
+        if isinstance(action, sip.CallConfirmed | outbound.Answered):
+            call.negotiated = action.negotiated
+            call.confirmed.set()
+        elif isinstance(action, sip.MediaChanged):
+            if call.media is not None:
+                call.media.update(action.negotiated)
+                log.info(
+                    "sip call %s: %s",
+                    action.call_id,
+                    "on hold" if action.negotiated.on_hold else "media updated",
+                )
+        elif isinstance(action, sip.DtmfReceived):
+            if call.pipeline is not None:
+                call.pipeline.dtmf(action.digit)
+        elif isinstance(action, sip.CallEnded):
+            call.end(action.reason)
+        elif isinstance(action, outbound.Failed):
+            call.end(failure_reason(action))
+        elif isinstance(action, sip.TransferAccepted):
+            call.transfer_accepted = True
+        elif isinstance(action, sip.TransferProgress):
+            if action.final:
+                ok = 200 <= action.status < 300
+                call.transfer_done(
+                    None if ok else f"the target answered {action.status} {action.reason}"
+                )
+        elif isinstance(action, sip.TransferFailed):
+            call.transfer_done(f"the REFER was refused: {action.status} {action.reason}")
+
     def _schedule(self) -> None:
-        assert self.uas is not None and self._loop is not None
-        deadlines = [self.uas.next_deadline_ms()]
-        if self.uac is not None:
-            deadlines.append(self.uac.next_deadline_ms())
-        deadline = min((d for d in deadlines if d is not None), default=None)
+        assert self.endpoint is not None and self._loop is not None
+        deadline = self.endpoint.next_deadline_ms()
         if deadline is None or deadline == self._timer_at:
             return
         if self._timer is not None:
@@ -544,10 +534,8 @@ class SipGateway:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        if self.uas is not None:
-            self._apply(self.uas.tick(self.now_ms()))
-        if self.uac is not None:
-            self._apply(self.uac.tick(self.now_ms()))
+        if self.endpoint is not None:
+            self._apply(self.endpoint.tick(self.now_ms()))
 
     # ---- calls the server places -----------------------------------------------------------
 

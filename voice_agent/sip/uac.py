@@ -7,7 +7,7 @@ datagrams to send and call events out, as voice_agent.sip.uas does for calls tha
     actions = uac.dial("call-1", "sip:+14155550123@trunk.example", "sip:+14155550100@us",
                        media_host, media_port, now_ms, credentials=Credentials("user", "pw"))
     # Dialing names the Call-ID; then Ringing, and Answered(negotiated) or Failed(status, ...)
-    actions = uac.datagram(data, source, now_ms)   # when uac.claims(data); else the UAS's
+    actions = uac.datagram(data, source, now_ms)   # or message(): voice_agent.sip.endpoint
     actions = uac.tick(now_ms)                     # at uac.next_deadline_ms()
     uac.hang_up(call_id, now_ms)                   # BYE once answered, CANCEL before
 
@@ -271,16 +271,6 @@ class UserAgentClient:
     def live_calls(self) -> int:
         return sum(1 for call in self.calls.values() if call.state != "ended")
 
-    def claims(self, data: bytes) -> bool:
-        """Whether a datagram belongs to one of our calls (its Call-ID): the gateway gives it
-        to datagram() then, and to the UAS otherwise."""
-        if not data.strip(b"\r\n \t\x00"):
-            return False
-        try:
-            return parse_message(data).call_id in self.calls
-        except SipParseError:
-            return False
-
     # ---- placing and ending calls --------------------------------------------------------
 
     def dial(
@@ -432,11 +422,19 @@ class UserAgentClient:
     # ---- datagrams in --------------------------------------------------------------------
 
     def datagram(self, data: bytes, source: Addr, now_ms: float) -> list[Action]:
-        """A datagram for one of our calls (see claims); anything else is dropped."""
+        """A datagram for one of our calls; anything else is dropped."""
         if not data.strip(b"\r\n \t\x00"):
             return []
         try:
             message = parse_message(data)
+        except SipParseError:
+            return []
+        return self.message(message, source, now_ms)
+
+    def message(self, message: SipMessage, source: Addr, now_ms: float) -> list[Action]:
+        """A datagram already parsed (voice_agent.sip.endpoint parses each one once); one
+        that is not for one of our calls is dropped."""
+        try:
             call = self.calls.get(message.call_id)
         except SipParseError:
             return []

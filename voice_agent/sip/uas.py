@@ -296,6 +296,10 @@ class UserAgentServer:
             message = parse_message(data)
         except SipParseError as error:
             return [Refused(source, None, f"not a SIP message: {error}")]
+        return self.message(message, source, now_ms)
+
+    def message(self, message: SipMessage, source: Addr, now_ms: float) -> list[Action]:
+        """A datagram already parsed (voice_agent.sip.endpoint parses each one once)."""
         if not message.is_request:
             return self._response(message, source)
         missing = [name for name in _REQUIRED if message.get(name) is None]

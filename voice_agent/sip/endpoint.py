@@ -1,0 +1,77 @@
+"""One SIP endpoint, sans-I/O: the calls that come in (voice_agent.sip.uas) and the calls the
+server places (voice_agent.sip.uac) behind one `datagram / tick / next_deadline_ms -> actions`.
+
+    endpoint = SipEndpoint(uas, uac)               # uac None: no trunk to place calls through
+    actions = endpoint.datagram(data, source, now_ms)
+    actions = endpoint.tick(now_ms)                # at endpoint.next_deadline_ms()
+    actions = endpoint.hang_up(call_id, now_ms, reason)
+
+Each datagram is parsed once and goes to the user agent whose call its Call-ID names: a call
+this server placed (the trunk's responses, the callee's BYE or re-INVITE) to the client,
+anything else to the server, which answers or refuses it. The I/O layer only sends the Send
+actions and acts on the call events.
+"""
+
+from __future__ import annotations
+
+from voice_agent.sip import uac as client
+from voice_agent.sip import uas as server
+from voice_agent.sip.message import SipParseError, parse_message
+from voice_agent.sip.transaction import Addr
+
+Action = server.Action | client.Action
+# The actions about one live call (all but Send, Refused, IncomingCall, Ringing and Dialing),
+# whichever user agent holds it.
+CallEvent = (
+    server.CallConfirmed
+    | client.Answered
+    | server.MediaChanged
+    | server.DtmfReceived
+    | server.CallEnded
+    | client.Failed
+    | server.TransferAccepted
+    | server.TransferProgress
+    | server.TransferFailed
+)
+
+
+class SipEndpoint:
+    def __init__(
+        self, uas: server.UserAgentServer, uac: client.UserAgentClient | None = None
+    ) -> None:
+        self.uas = uas
+        self.uac = uac
+
+    def datagram(self, data: bytes, source: Addr, now_ms: float) -> list[Action]:
+        if not data.strip(b"\r\n \t\x00"):
+            return []  # a keep-alive (RFC 5626 section 3.5.1 sends CRLFs)
+        try:
+            message = parse_message(data)
+        except SipParseError as error:
+            return [server.Refused(source, None, f"not a SIP message: {error}")]
+        if self.uac is not None and self._placed(message.get("call-id")):
+            return list(self.uac.message(message, source, now_ms))
+        return list(self.uas.message(message, source, now_ms))
+
+    def tick(self, now_ms: float) -> list[Action]:
+        actions: list[Action] = list(self.uas.tick(now_ms))
+        if self.uac is not None:
+            actions += self.uac.tick(now_ms)
+        return actions
+
+    def next_deadline_ms(self) -> float | None:
+        deadlines = [self.uas.next_deadline_ms()]
+        if self.uac is not None:
+            deadlines.append(self.uac.next_deadline_ms())
+        return min((d for d in deadlines if d is not None), default=None)
+
+    def hang_up(self, call_id: str, now_ms: float, reason: str) -> list[Action]:
+        """End a call either way it began; one already ended (the caller's own BYE came
+        first) gives nothing."""
+        if self._placed(call_id):
+            assert self.uac is not None
+            return list(self.uac.hang_up(call_id, now_ms, reason))
+        return list(self.uas.hang_up(call_id, now_ms, reason))
+
+    def _placed(self, call_id: str | None) -> bool:
+        return self.uac is not None and call_id is not None and call_id in self.uac.calls
