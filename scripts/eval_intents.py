@@ -30,6 +30,7 @@ from tests.support.intent_eval import (  # noqa: E402
     load_lines,
 )
 from voice_agent.agents.registry import AgentRegistry  # noqa: E402
+from voice_agent.brains.flows.flow import FlowBrain  # noqa: E402
 from voice_agent.brains.flows.intents import IntentMatcher  # noqa: E402
 from voice_agent.brains.flows.semantic import SemanticMatcher  # noqa: E402
 from voice_agent.engines.embedding import SentenceEncoder, load_encoder  # noqa: E402
@@ -89,11 +90,9 @@ def main() -> None:
     args = parser.parse_args()
     split: Split = args.split
     registry = AgentRegistry.from_file(ROOT / "config" / "agents.yaml")
-    lexical = IntentMatcher(
-        registry.agents["booking"].matcher.intents,  # type: ignore[union-attr]
-        registry.agents["booking"].matcher.entities,  # type: ignore[union-attr]
-        threshold=0.6,
-    )
+    flow = registry.agents["booking"].brain
+    assert isinstance(flow, FlowBrain)  # the default agent is a flow
+    lexical = IntentMatcher(flow.matcher.intents, flow.matcher.entities, threshold=0.6)
     encoder = Remembering(load_encoder("all-MiniLM-L6-v2"))
     written = load_lines(split)
     if args.grid:
