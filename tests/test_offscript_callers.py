@@ -105,10 +105,11 @@ def heard_friday(call: dict[str, Any]) -> bool:
 async def test_an_off_script_caller_in_the_browser(server: VoiceServer, tmp_path: Path) -> None:
     call = await browser_call(server, tmp_path / "first")
     if not heard_friday(call):
-        # Chromium's fake microphone, starved of CPU on a loaded two-core runner, once lost
-        # about a tenth of a second of "this Friday" (Whisper read "to straight"; a 120 ms
-        # hole at that place in the line gives the same reading offline). That is the test
-        # machine's microphone, not the server: one more call, which must be understood whole.
+        # On a loaded two-core runner the line once reached Whisper with about a tenth of a
+        # second of "this Friday" gone: it read "to straight", as it reads a 120 ms hole there
+        # offline (shifted starts and single lost packets never change its reading). The
+        # likeliest cause is Chromium's fake microphone starved of CPU; it was not reproduced
+        # here. So one more call, which must be understood whole.
         warnings.warn(
             f"browser call misheard, calling again: {json.dumps(intents(call))}", stacklevel=1
         )
