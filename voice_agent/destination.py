@@ -1,5 +1,5 @@
 """What a transfer's or a placed call's destination may be: the one pattern the config, the
-runtime's call control and the control API all check.
+control API (`POST /calls`) and Plivo's signed transfer all check.
 
 Kept out of `runtime/` so that `config.py`, which every layer imports, depends on nothing above
 it.

@@ -14,9 +14,11 @@ actions and acts on the call events.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from voice_agent.sip import uac as client
 from voice_agent.sip import uas as server
-from voice_agent.sip.message import SipParseError, parse_message
+from voice_agent.sip.message import SipMessage
 from voice_agent.sip.transaction import Addr
 
 Action = server.Action | client.Action
@@ -42,16 +44,13 @@ class SipEndpoint:
         self.uas = uas
         self.uac = uac
 
-    def datagram(self, data: bytes, source: Addr, now_ms: float) -> list[Action]:
-        if not data.strip(b"\r\n \t\x00"):
-            return []  # a keep-alive (RFC 5626 section 3.5.1 sends CRLFs)
-        try:
-            message = parse_message(data)
-        except SipParseError as error:
-            return [server.Refused(source, None, f"not a SIP message: {error}")]
-        if self.uac is not None and self._placed(message.get("call-id")):
-            return list(self.uac.message(message, source, now_ms))
-        return list(self.uas.message(message, source, now_ms))
+    def datagram(self, data: bytes, source: Addr, now_ms: float) -> Sequence[Action]:
+        read = server.read_datagram(data, source)
+        if not isinstance(read, SipMessage):
+            return [read] if read is not None else []
+        if self.uac is not None and self._placed(read.get("call-id")):
+            return self.uac.message(read, source, now_ms)
+        return self.uas.message(read, source, now_ms)
 
     def tick(self, now_ms: float) -> list[Action]:
         actions: list[Action] = list(self.uas.tick(now_ms))
@@ -65,13 +64,12 @@ class SipEndpoint:
             deadlines.append(self.uac.next_deadline_ms())
         return min((d for d in deadlines if d is not None), default=None)
 
-    def hang_up(self, call_id: str, now_ms: float, reason: str) -> list[Action]:
+    def hang_up(self, call_id: str, now_ms: float, reason: str) -> Sequence[Action]:
         """End a call either way it began; one already ended (the caller's own BYE came
         first) gives nothing."""
-        if self._placed(call_id):
-            assert self.uac is not None
-            return list(self.uac.hang_up(call_id, now_ms, reason))
-        return list(self.uas.hang_up(call_id, now_ms, reason))
+        if self.uac is not None and self._placed(call_id):
+            return self.uac.hang_up(call_id, now_ms, reason)
+        return self.uas.hang_up(call_id, now_ms, reason)
 
     def _placed(self, call_id: str | None) -> bool:
         return self.uac is not None and call_id is not None and call_id in self.uac.calls

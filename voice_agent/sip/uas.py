@@ -181,6 +181,17 @@ class TransferFailed:
     reason: str
 
 
+def read_datagram(data: bytes, source: Addr) -> SipMessage | Refused | None:
+    """A datagram as a SIP message; None for a keep-alive (RFC 5626 section 3.5.1 sends CRLFs),
+    Refused for one that is not SIP."""
+    if not data.strip(b"\r\n \t\x00"):
+        return None
+    try:
+        return parse_message(data)
+    except SipParseError as error:
+        return Refused(source, None, f"not a SIP message: {error}")
+
+
 Action = (
     Send
     | IncomingCall
@@ -290,13 +301,10 @@ class UserAgentServer:
     # ---- datagrams in --------------------------------------------------------------------
 
     def datagram(self, data: bytes, source: Addr, now_ms: float) -> list[Action]:
-        if not data.strip(b"\r\n \t\x00"):
-            return []  # a keep-alive (RFC 5626 section 3.5.1 sends CRLFs)
-        try:
-            message = parse_message(data)
-        except SipParseError as error:
-            return [Refused(source, None, f"not a SIP message: {error}")]
-        return self.message(message, source, now_ms)
+        read = read_datagram(data, source)
+        if not isinstance(read, SipMessage):
+            return [read] if read is not None else []
+        return self.message(read, source, now_ms)
 
     def message(self, message: SipMessage, source: Addr, now_ms: float) -> list[Action]:
         """A datagram already parsed (voice_agent.sip.endpoint parses each one once)."""
