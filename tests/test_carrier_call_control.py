@@ -49,16 +49,12 @@ from tests.test_carrier_calls_telnyx_plivo import (
 )
 from tests.test_carrier_calls_vonage_exotel_jambonz import FakeVonage
 from voice_agent.agents.registry import AgentRegistry
+from voice_agent.callcontrol.apis import NO_APIS, CallControlApis, call_control_apis
 from voice_agent.callcontrol.plivo_rest import PlivoRest, dial_response, dial_xml
 from voice_agent.callcontrol.telnyx_rest import transfer_to
 from voice_agent.callcontrol.vonage_rest import VonageRest, application_jwt, connect_endpoint
 from voice_agent.errors import ConfigError
-from voice_agent.gateways.carriers import (
-    CARRIERS,
-    NO_APIS,
-    CallControlApis,
-    call_control_apis,
-)
+from voice_agent.gateways.carriers import CARRIERS
 from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.runtime.secrets import Secrets
 from voice_agent.server.app import VoiceServer

@@ -50,7 +50,7 @@ from tests.support.configs import (
 from tests.support.waiting import PredicateWaits, Waiter
 from voice_agent.audio.resample import resample
 from voice_agent.audio.wav import read_wav
-from voice_agent.gateways.carriers import MAX_NOTES
+from voice_agent.gateways.carrier_call import MAX_NOTES
 from voice_agent.server.app import VoiceServer
 
 ROOT = Path(__file__).parent.parent

@@ -54,7 +54,7 @@ from tests.support.configs import (
 from tests.support.waiting import PredicateWaits, Waiter
 from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.audio.resample import resample
-from voice_agent.gateways import carriers
+from voice_agent.gateways import carrier_call
 from voice_agent.server.app import VoiceServer
 from voice_agent.transports import exotel, jambonz, vonage
 
@@ -683,7 +683,7 @@ async def barge_in(
     server: VoiceServer, base_url: str, carrier: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # jambonz-1.2.33 is mod_audio_fork 1.2.33: after the killAudio it reports no mark again, so
-    # only the server's own playout estimate (carriers._MarkClock) can commit the answer.
+    # only the server's own playout estimate (carrier_call._MarkClock) can commit the answer.
     losing = carrier == "jambonz-1.2.33"
     transport = carrier.split("-")[0]
     caplog.set_level(logging.INFO, logger="voice_agent.server")
@@ -832,7 +832,7 @@ async def test_a_flood_of_carrier_notes_is_capped_in_the_audit(
     # the first MAX_NOTES of.
     async with FakeVonage(base_url) as caller:
         await caller.wait_media()
-        for _ in range(carriers.MAX_NOTES + 10):
+        for _ in range(carrier_call.MAX_NOTES + 10):
             await caller.send(b"")
         assert caller.ws is not None
         # The pong comes back after the server has read everything sent before the ping.
@@ -840,7 +840,7 @@ async def test_a_flood_of_carrier_notes_is_capped_in_the_audit(
     call = await ended_call(server, caller.call_id)
     notes = audit(call, "carrier_note")
     assert notes and all(note["kind"] == "empty_payload" for note in notes)
-    assert len(notes) <= carriers.MAX_NOTES
+    assert len(notes) <= carrier_call.MAX_NOTES
 
 
 async def test_exotel_sample_rate_parameter_is_not_an_arg(

@@ -19,11 +19,11 @@ from websockets.asyncio.client import connect
 
 from tests.support.configs import ended_call, serving
 from voice_agent.callers import TwilioClient
-from voice_agent.gateways import endpoints
+from voice_agent.gateways import carrier_call, socket_call
+from voice_agent.gateways.carrier_adapter import Key
 from voice_agent.gateways.media_socket import Message
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.server.app import VoiceServer
-from voice_agent.transports import twilio
 
 ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
@@ -65,15 +65,15 @@ async def test_messages_sent_while_the_call_is_set_up_are_kept(
         pipeline.session.audit.subscribe(on_audit)
         return pipeline
 
-    on_message = endpoints.SocketCall.on_message
+    on_message = socket_call.SocketCall.on_message
 
-    def noting_dtmf(self: endpoints.SocketCall, message: Message) -> None:
+    def noting_dtmf(self: socket_call.SocketCall, message: Message) -> None:
         if '"dtmf"' in str(message):
             dtmf_arrived.set()
         on_message(self, message)
 
     monkeypatch.setattr(server, "start_call", held_start_call)
-    monkeypatch.setattr(endpoints.SocketCall, "on_message", noting_dtmf)
+    monkeypatch.setattr(socket_call.SocketCall, "on_message", noting_dtmf)
 
     async with caller(server, "CAheld") as phone:
         await asyncio.wait_for(entered.wait(), 20)
@@ -88,14 +88,14 @@ async def test_messages_sent_while_the_call_is_set_up_are_kept(
 async def test_a_failure_handling_one_calls_message_ends_that_call_only(
     server: VoiceServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dispatch = endpoints._TwilioCall.dispatch
+    dispatch = carrier_call.CarrierCall.dispatch
 
-    def failing(self: endpoints._TwilioCall, event: Any) -> None:
-        if isinstance(event, twilio.Dtmf) and event.digit == "9":
+    def failing(self: carrier_call.CarrierCall, event: Any) -> None:
+        if isinstance(event, Key) and event.digit == "9":
             raise RuntimeError("a bug in handling one message")
         dispatch(self, event)
 
-    monkeypatch.setattr(endpoints._TwilioCall, "dispatch", failing)
+    monkeypatch.setattr(carrier_call.CarrierCall, "dispatch", failing)
     async with caller(server, "CAfine") as fine, caller(server, "CAbroken") as broken:
         await fine.wait_audio(1)
         await broken.wait_audio(1)
@@ -135,7 +135,7 @@ async def test_a_caller_that_does_not_take_its_audio_is_closed_with_the_reason(
     server: VoiceServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # With the cap below zero the first thing the agent says is already too much unsent audio.
-    monkeypatch.setattr(endpoints, "MAX_UNSENT_BYTES", -1)
+    monkeypatch.setattr(socket_call, "MAX_UNSENT_BYTES", -1)
     async with caller(server, "CAstalled") as phone:
         code, reason = await phone.wait_closed()
     assert (code, reason) == (1008, "client is not reading: outbound buffer full")
@@ -150,13 +150,13 @@ async def test_a_finished_call_is_freed_as_it_ends_not_by_the_garbage_collector(
     # What only the collector can free waits for a full collection, which pauses every call
     # on the worker; a call's own objects must go when it ends.
     handled = asyncio.Event()
-    run = endpoints.SocketCall.run
+    run = socket_call.SocketCall.run
 
-    async def noting_the_end(self: endpoints.SocketCall) -> None:
+    async def noting_the_end(self: socket_call.SocketCall) -> None:
         await run(self)
         handled.set()
 
-    monkeypatch.setattr(endpoints.SocketCall, "run", noting_the_end)
+    monkeypatch.setattr(socket_call.SocketCall, "run", noting_the_end)
     gc.collect()
     gc.disable()
     try:

@@ -40,8 +40,8 @@ from urllib.parse import parse_qsl, urlsplit
 from websockets.asyncio.server import ServerConnection
 
 from voice_agent.errors import VoiceAgentError
-from voice_agent.gateways.endpoints import SocketCall, SocketOutbound, StartCall, usable_call_id
 from voice_agent.gateways.media_socket import MediaConnection, Message
+from voice_agent.gateways.socket_call import SocketCall, SocketOutbound, StartCall, usable_call_id
 from voice_agent.transports.asterisk_ws import (
     AsteriskStream,
     BufferingCompleted,
@@ -91,8 +91,8 @@ class MarkMode(enum.Enum):
     CLOCK = "clock"  # no MARK_MEDIA: marks play when the server's playout estimate says
 
 
-def _no_event(payload: dict[str, Any]) -> str | None:
-    return None  # Asterisk takes media and commands only
+def _no_event(payload: dict[str, Any]) -> list[Message]:
+    return []  # Asterisk takes media and commands only
 
 
 class AsteriskOutbound(SocketOutbound):
@@ -113,8 +113,8 @@ class AsteriskOutbound(SocketOutbound):
         super().__init__(
             ws,
             audio=self._messages,
-            mark=stream.mark_message,
-            clear=stream.flush_message,
+            mark=lambda name: [stream.mark_message(name)],  # mark() below writes its own
+            clear=lambda: [stream.flush_message()],
             event=_no_event,
         )
         self.start = start

@@ -32,11 +32,12 @@ from websockets.typing import Subprotocol
 from voice_agent.agents.registry import AgentRegistry
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.brains.flows.flow import FlowBrain
+from voice_agent.callcontrol.apis import CallControlApis, call_control_apis
 from voice_agent.callcontrol.carrier_dialer import CarrierDialer, Placer, decision
 from voice_agent.callcontrol.placed_calls import PlacedCall, Via
 from voice_agent.callcontrol.plivo_rest import PlivoPlacer
 from voice_agent.callcontrol.telnyx_rest import TelnyxPlacer
-from voice_agent.callcontrol.twilio_rest import TwilioPlacer, TwilioRest
+from voice_agent.callcontrol.twilio_rest import TwilioPlacer
 from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSettings, split_host_port
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.tts import TtsConfig, make_tts
@@ -46,13 +47,7 @@ from voice_agent.errors import VoiceAgentError
 from voice_agent.gateways import carriers
 from voice_agent.gateways.asterisk_ws import asterisk_endpoint
 from voice_agent.gateways.audiosocket import AudioSocketServer
-from voice_agent.gateways.carriers import (
-    CARRIERS,
-    CallControlApis,
-    call_control_apis,
-    carrier_endpoint,
-)
-from voice_agent.gateways.endpoints import native_endpoint, twilio_endpoint
+from voice_agent.gateways.carrier_call import stream_endpoint
 from voice_agent.gateways.media_socket import MediaConnection
 from voice_agent.gateways.sip import SipGateway
 from voice_agent.gateways.webrtc import RtcGateway
@@ -96,7 +91,7 @@ from voice_agent.server.paths import CALL_PATHS  # admission applies; messages h
 from voice_agent.server.workers import SUPERVISOR_PID_ENV
 from voice_agent.store import CallStore as DurableStore
 from voice_agent.store import open_store, outcome_for
-from voice_agent.transports import asterisk_ws, native, twilio
+from voice_agent.transports import asterisk_ws
 from voice_agent.transports.errors import TRY_AGAIN_LATER, close_reason
 
 log = logging.getLogger("voice_agent.server")
@@ -104,12 +99,7 @@ log = logging.getLogger("voice_agent.server")
 
 # The largest WebSocket message any endpoint takes: `websockets`' limit, and the media
 # sockets' own once they read the call's frames themselves.
-WEBSOCKET_MAX_SIZE = max(
-    twilio.WEBSOCKET_MAX_SIZE,
-    native.WEBSOCKET_MAX_SIZE,
-    asterisk_ws.WEBSOCKET_MAX_SIZE,
-    carriers.WEBSOCKET_MAX_SIZE,
-)
+WEBSOCKET_MAX_SIZE = max(asterisk_ws.WEBSOCKET_MAX_SIZE, carriers.WEBSOCKET_MAX_SIZE)
 
 
 def _select_subprotocol(connection: ServerConnection, offered: Sequence[Subprotocol]) -> Any:
@@ -128,29 +118,7 @@ def api_tokens(registry: AgentRegistry) -> list[str]:
     return tokens
 
 
-def twilio_rest(registry: AgentRegistry) -> TwilioRest | None:
-    """Twilio's REST API for call control, when credentials for it are configured."""
-    settings, secrets = registry.loaded.config.server, registry.secrets
-    file = str(registry.loaded.path)
-    if settings.twilio_api_key:
-        name = settings.twilio_api_secret
-        if not name or name not in secrets:
-            raise ConfigError(
-                f"server.twilio_api_secret names secret {name!r}, which is not set: "
-                f"voice-agent secrets set {name or 'NAME'}",
-                file=file,
-                key="server.twilio_api_secret",
-            )
-        return TwilioRest(settings.twilio_api_key, secrets[name], settings.twilio_api_url)
-    token = settings.twilio_auth_token
-    if token and token in secrets:
-        return TwilioRest(None, secrets[token], settings.twilio_api_url)
-    return None
-
-
-def placers(
-    registry: AgentRegistry, twilio: TwilioRest | None, apis: CallControlApis
-) -> dict[str, Placer]:
+def placers(registry: AgentRegistry, apis: CallControlApis) -> dict[str, Placer]:
     """The carriers configured to place calls (`carriers.*`)."""
     config = registry.loaded.config
     carriers, secrets = config.carriers, registry.secrets
@@ -170,7 +138,7 @@ def placers(
     if carriers.twilio is not None:
         token_name = config.server.twilio_auth_token
         found["twilio"] = TwilioPlacer(
-            twilio,
+            apis.twilio,
             account_sid=carriers.twilio.account_sid,
             caller_id=carriers.twilio.caller_id,
             auth_token=secrets.get(token_name) if token_name else None,
@@ -299,11 +267,10 @@ class VoiceServer:
             weakref.WeakKeyDictionary()
         )
         self.access = access_policy(registry)
-        self.twilio = twilio_rest(registry)
         self.carrier_apis = call_control_apis(registry)  # the carrier streams' call control
         carriers = registry.loaded.config.carriers
         self.dialer = CarrierDialer(
-            placers(registry, self.twilio, self.carrier_apis),
+            placers(registry, self.carrier_apis),
             public_url=server_settings.public_url,
             control_public_url=server_settings.control_public_url,
             ring_timeout_s=carriers.ring_timeout_s,
@@ -727,14 +694,10 @@ class VoiceServer:
                 await self.rtc.endpoint(ws)
             elif path == "/asterisk":
                 await asterisk_endpoint(cast(MediaConnection, ws), self.start_call)
-            elif path == "/twilio":
-                await twilio_endpoint(cast(MediaConnection, ws), self.start_call, self.twilio)
-            elif path in CARRIERS:
-                await carrier_endpoint(
+            else:  # /twilio, the carriers' streams, and /ws for anything else
+                await stream_endpoint(
                     cast(MediaConnection, ws), self.start_call, path, self.carrier_apis
                 )
-            else:
-                await native_endpoint(cast(MediaConnection, ws), self.start_call)
         finally:
             self._call_connections -= 1
             self._calls_changed.set()

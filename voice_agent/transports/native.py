@@ -289,6 +289,12 @@ def _event(payload: dict[str, Any]) -> str:
     return json.dumps(payload, separators=_JSON_SEPARATORS, ensure_ascii=False)
 
 
+def server_event(payload: dict[str, Any]) -> str:
+    """One of the server's events as the pipeline gives it (call_id and timings may be other
+    than JSON types: they go as their text)."""
+    return json.dumps(payload, separators=_JSON_SEPARATORS, ensure_ascii=False, default=str)
+
+
 def started_event(call_id: str, *, agent: str | None = None) -> str:
     payload: dict[str, Any] = {"type": "started", "call_id": call_id}
     if agent is not None:
