@@ -78,19 +78,18 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.transports.errors import (
-    POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
-from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.json_stream import JsonMediaStream
 from voice_agent.transports.state import StreamState
 
 SAMPLE_RATES = (8000, 16000, 24000)
@@ -272,7 +271,7 @@ def _parameters(value: object, path: str) -> dict[str, str]:
     return params
 
 
-class ExotelStream:
+class ExotelStream(JsonMediaStream[ExotelEvent]):
     """One Voicebot stream: feed it each text message, get events back; chunk the audio going out.
 
     Order enforced: an optional `connected`, then one `start`, then `media`, `dtmf`, `mark` and
@@ -285,6 +284,8 @@ class ExotelStream:
     `sample_rate` is the applet URL's `sample-rate` (8000 if it has none): the rate assumed
     when `start` has no `media_format.sample_rate`; when it has one, that one is used.
     """
+
+    PROTOCOL = "Exotel stream"
 
     def __init__(
         self,
@@ -299,13 +300,11 @@ class ExotelStream:
             raise ValueError(f"chunk_bytes {chunk_bytes} is not positive")
         self.default_sample_rate = sample_rate
         self.requested_chunk_bytes = chunk_bytes
-        self.max_message_chars = max_message_chars
         self.max_media_ms = max_media_ms
-        self.state = StreamState.NEW
+        # The payload's limit is max_media_ms at the rate the start states.
+        super().__init__(max_message_chars=max_message_chars, max_payload_bytes=0)
         self.connected: Connected | None = None
         self.start: Start | None = None
-        self.max_payload_bytes = 0  # set by start
-        self._max_payload_chars = 0
         self._stream_sid = ""
         self._last_sequence: int | None = None
         self._limits: ChunkLimits | None = None
@@ -326,23 +325,8 @@ class ExotelStream:
 
     # -- inbound -------------------------------------------------------------------------------
 
-    def receive_bytes(self, data: bytes) -> NoReturn:
-        """Exotel only sends text: a binary frame is a peer that is not speaking its protocol."""
-        raise ProtocolError(
-            UNSUPPORTED_DATA,
-            f"binary frame of {len(data)} bytes: Exotel stream messages are JSON text",
-            kind="binary_frame",
-        )
-
-    def receive(self, text: str) -> list[ExotelEvent]:
-        message = json_message(text, self.max_message_chars)
-        event = message.get("event")
-        if event == "media":
-            return self._media(message)
-        if not isinstance(event, str):
-            raise _malformed('message has no "event" string')
-        if self.state is StreamState.STOPPED:
-            return [ProtocolWarning("after_stop", f"{event[:40]} message after stop ignored")]
+    def _event(self, event: str, message: Mapping[str, Any]) -> list[ExotelEvent] | None:
+        # Exotel adds events (a Beta page describes `silence`): those are warnings.
         if event == "connected":
             return [self._connected(message)]
         if event == "start":
@@ -353,14 +337,7 @@ class ExotelStream:
             return self._mark(message)
         if event == "stop":
             return self._stop(message)
-        # Exotel adds events (a Beta page describes `silence`); a new one must not end a call.
-        return [ProtocolWarning("unknown_event", f"unknown event {event[:40]!r} ignored")]
-
-    def _require_started(self, event: str) -> None:
-        if self.state is not StreamState.STARTED:
-            raise ProtocolError(
-                PROTOCOL_ERROR, f"{event} message before start", kind="out_of_order"
-            )
+        return None
 
     def _sequenced(
         self, message: Mapping[str, Any], event: str
@@ -431,8 +408,7 @@ class ExotelStream:
         self._stream_sid = stream_sid
         self._last_sequence = sequence
         rate = media_format.sample_rate
-        self.max_payload_bytes = rate * 2 * self.max_media_ms // 1000
-        self._max_payload_chars = 4 * -(-self.max_payload_bytes // 3)
+        self._limit_payload(rate * 2 * self.max_media_ms // 1000)
         self._limits = limits = chunk_limits(rate)
         # The nearest size Exotel takes at the rate start states (the one asked for was chosen
         # before it was known).
@@ -466,24 +442,10 @@ class ExotelStream:
         return MediaFormat(encoding, rate, "" if bit_rate is None else str(bit_rate)[:40])
 
     def _media(self, message: Mapping[str, Any]) -> list[ExotelEvent]:
-        if self.state is StreamState.STOPPED:
-            return [ProtocolWarning("after_stop", "media message after stop ignored")]
         self._require_started("media")
         sequence, events = self._sequenced(message, "media")
         media = _object(message, "media", "media")
-        payload = media.get("payload")
-        if not isinstance(payload, str):
-            raise _malformed(f"media.payload is {'missing' if payload is None else 'not a string'}")
-        if len(payload) > self._max_payload_chars:
-            raise self._payload_too_large(len(payload) * 3 // 4)
-        try:
-            data = binascii.a2b_base64(payload, strict_mode=True)
-        except (binascii.Error, ValueError):
-            raise ProtocolError(
-                PROTOCOL_ERROR, "media.payload is not valid base64", kind="invalid_payload"
-            ) from None
-        if len(data) > self.max_payload_bytes:
-            raise self._payload_too_large(len(data))
+        data = self._payload(media)
         chunk = _number(media, "chunk", "media.chunk")
         timestamp = _number(media, "timestamp", "media.timestamp")
         if not data:
@@ -498,13 +460,8 @@ class ExotelStream:
         events.append(Media(sequence, chunk, timestamp, data))
         return events
 
-    def _payload_too_large(self, size: int) -> ProtocolError:
-        return ProtocolError(
-            POLICY_VIOLATION,
-            f"media.payload of {size} bytes exceeds {self.max_payload_bytes} "
-            f"({self.max_media_ms} ms of 16-bit audio)",
-            kind="payload_too_large",
-        )
+    def _payload_limit_note(self) -> str:
+        return f"{self.max_media_ms} ms of 16-bit audio"
 
     def _dtmf(self, message: Mapping[str, Any]) -> list[ExotelEvent]:
         self._require_started("dtmf")

@@ -84,21 +84,20 @@ import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
 from voice_agent.transports.errors import (
-    POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
-from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import json_text as _text
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.json_stream import JsonMediaStream
 from voice_agent.transports.state import StreamState
 
 MULAW = "audio/x-mulaw"
@@ -256,7 +255,7 @@ def parse_extra_headers(value: object) -> dict[str, str]:
     return headers
 
 
-class PlivoStream:
+class PlivoStream(JsonMediaStream[PlivoEvent]):
     """One Audio Stream WebSocket's inbound side: feed it each text message, get events back.
 
     Order enforced: exactly one `start` first, then `media`, `dtmf`, `playedStream`,
@@ -265,16 +264,15 @@ class PlivoStream:
     `start` is in, `media_message` / `mark_message` / `clear_message` address this stream.
     """
 
+    PROTOCOL = "Plivo Audio Stream"
+
     def __init__(
         self,
         *,
         max_message_chars: int = MAX_MESSAGE_CHARS,
         max_payload_bytes: int = MAX_MEDIA_PAYLOAD_BYTES,
     ) -> None:
-        self.max_message_chars = max_message_chars
-        self.max_payload_bytes = max_payload_bytes
-        self._max_payload_chars = 4 * -(-max_payload_bytes // 3)
-        self.state = StreamState.NEW
+        super().__init__(max_message_chars=max_message_chars, max_payload_bytes=max_payload_bytes)
         self.start: Start | None = None
         self._stream_id = ""
         self._media_prefix = ""
@@ -286,14 +284,6 @@ class PlivoStream:
         return self.start.stream_id
 
     # -- inbound -------------------------------------------------------------------------------
-
-    def receive_bytes(self, data: bytes) -> NoReturn:
-        """Plivo only sends text: a binary frame is a peer that is not speaking its protocol."""
-        raise ProtocolError(
-            UNSUPPORTED_DATA,
-            f"binary frame of {len(data)} bytes: Plivo Audio Stream messages are JSON text",
-            kind="binary_frame",
-        )
 
     def media_payload(self, text: str) -> bytes | None:
         """The audio of `text` when it is a well-formed inbound-track media message of this
@@ -327,15 +317,7 @@ class PlivoStream:
             return None
         return data if 0 < len(data) <= self.max_payload_bytes else None
 
-    def receive(self, text: str) -> list[PlivoEvent]:
-        message = json_message(text, self.max_message_chars)
-        event = message.get("event")
-        if not isinstance(event, str):
-            raise _malformed('message has no "event" string')
-        if self.state is StreamState.STOPPED:
-            return [ProtocolWarning("after_stop", f"{event[:40]} message after stop ignored")]
-        if event == "media":
-            return self._media(message)
+    def _event(self, event: str, message: Mapping[str, Any]) -> list[PlivoEvent] | None:
         if event == "start":
             return [self._start(message)]
         if event == "dtmf":
@@ -350,14 +332,7 @@ class PlivoStream:
             self.state = StreamState.STOPPED
             sequence = message.get("sequenceNumber")
             return [Stop(sequence if type(sequence) is int and sequence >= 0 else 0)]
-        # Plivo adds event types over time; a new one must not end a caller's call.
-        return [ProtocolWarning("unknown_event", f"unknown event {event[:40]!r} ignored")]
-
-    def _require_started(self, event: str) -> None:
-        if self.state is not StreamState.STARTED:
-            raise ProtocolError(
-                PROTOCOL_ERROR, f"{event} message before start", kind="out_of_order"
-            )
+        return None
 
     def _check_stream(self, message: Mapping[str, Any]) -> None:
         stream_id = message.get("streamId")
@@ -373,32 +348,13 @@ class PlivoStream:
         self._check_stream(message)
         sequence = _sequence(message)
         media = _object(message, "media", "media")
-        payload = media.get("payload")
-        if not isinstance(payload, str):
-            raise _malformed(f"media.payload is {'missing' if payload is None else 'not a string'}")
-        if len(payload) > self._max_payload_chars:
-            raise self._payload_too_large(len(payload) * 3 // 4)
-        try:
-            data = binascii.a2b_base64(payload, strict_mode=True)
-        except (binascii.Error, ValueError):
-            raise ProtocolError(
-                PROTOCOL_ERROR, "media.payload is not valid base64", kind="invalid_payload"
-            ) from None
-        if len(data) > self.max_payload_bytes:
-            raise self._payload_too_large(len(data))
+        data = self._payload(media)
         chunk = _integer(media, "chunk", "media.chunk")
         timestamp = _integer(media, "timestamp", "media.timestamp")
         track = _text(media, "track", "media.track")
         if not data:
             return [ProtocolWarning("empty_payload", f"media chunk {chunk} has no audio")]
         return [Media(sequence, chunk, timestamp, track, data)]
-
-    def _payload_too_large(self, size: int) -> ProtocolError:
-        return ProtocolError(
-            POLICY_VIOLATION,
-            f"media.payload of {size} bytes exceeds {self.max_payload_bytes}",
-            kind="payload_too_large",
-        )
 
     def _start(self, message: Mapping[str, Any]) -> Start:
         if self.state is StreamState.STARTED:

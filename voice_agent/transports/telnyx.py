@@ -106,21 +106,20 @@ import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
 from voice_agent.transports.errors import (
-    POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
-from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import json_text as _text
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.json_stream import JsonMediaStream
 from voice_agent.transports.state import StreamState
 
 # encoding as Telnyx names it (either spelling) -> this server's CarrierFormat encoding.
@@ -393,7 +392,7 @@ class ChunkReorder:
         )
 
 
-class TelnyxStream:
+class TelnyxStream(JsonMediaStream[TelnyxEvent]):
     """One Media Streaming WebSocket's inbound side: feed it each text message, get events back.
 
     Order enforced: an optional `connected`, then exactly one `start`, then `media`, `dtmf`,
@@ -402,6 +401,8 @@ class TelnyxStream:
     the list. Media comes out in chunk order per track (`ChunkReorder`).
     """
 
+    PROTOCOL = "Telnyx Media Streaming"
+
     def __init__(
         self,
         *,
@@ -409,12 +410,8 @@ class TelnyxStream:
         max_payload_bytes: int = MAX_MEDIA_PAYLOAD_BYTES,
         reorder_window: int = REORDER_WINDOW,
     ) -> None:
-        self.max_message_chars = max_message_chars
-        self.max_payload_bytes = max_payload_bytes
+        super().__init__(max_message_chars=max_message_chars, max_payload_bytes=max_payload_bytes)
         self.reorder_window = reorder_window
-        # Longest base64 text that can decode to max_payload_bytes; checked before decoding.
-        self._max_payload_chars = 4 * -(-max_payload_bytes // 3)
-        self.state = StreamState.NEW
         self.connected: Connected | None = None
         self.start: Start | None = None
         self._stream_id = ""
@@ -428,14 +425,6 @@ class TelnyxStream:
         return self.start.stream_id
 
     # -- inbound -------------------------------------------------------------------------------
-
-    def receive_bytes(self, data: bytes) -> NoReturn:
-        """Telnyx only sends text: a binary frame is a peer that is not speaking its protocol."""
-        raise ProtocolError(
-            UNSUPPORTED_DATA,
-            f"binary frame of {len(data)} bytes: Telnyx Media Streaming messages are JSON text",
-            kind="binary_frame",
-        )
 
     def media_payload(self, text: str) -> bytes | None:
         """The audio of `text` when it is a well-formed inbound-track media message of this
@@ -472,15 +461,7 @@ class TelnyxStream:
         reorder.advance(number)
         return data
 
-    def receive(self, text: str) -> list[TelnyxEvent]:
-        message = json_message(text, self.max_message_chars)
-        event = message.get("event")
-        if not isinstance(event, str):
-            raise _malformed('message has no "event" string')
-        if self.state is StreamState.STOPPED:
-            return [ProtocolWarning("after_stop", f"{event[:40]} message after stop ignored")]
-        if event == "media":
-            return self._media(message)
+    def _event(self, event: str, message: Mapping[str, Any]) -> list[TelnyxEvent] | None:
         if event == "connected":
             return [self._connected(message)]
         if event == "start":
@@ -493,17 +474,10 @@ class TelnyxStream:
             return [self._error(message)]
         if event == "stop":
             return self._stop(message)
-        # Telnyx adds event types over time; a new one must not end a caller's call.
-        return [ProtocolWarning("unknown_event", f"unknown event {event[:40]!r} ignored")]
+        return None
 
     def _new_reorder(self) -> ChunkReorder:
         return ChunkReorder(window=self.reorder_window)
-
-    def _require_started(self, event: str) -> None:
-        if self.state is not StreamState.STARTED:
-            raise ProtocolError(
-                PROTOCOL_ERROR, f"{event} message before start", kind="out_of_order"
-            )
 
     def _check_stream(self, message: Mapping[str, Any], event: str) -> int:
         """The message's sequence_number, once its stream_id is checked to be this stream's."""
@@ -530,19 +504,7 @@ class TelnyxStream:
             return [ProtocolWarning("before_start", "media message before start dropped")]
         sequence = self._check_stream(message, "media")
         media = _object(message, "media", "media")
-        payload = media.get("payload")
-        if not isinstance(payload, str):
-            raise _malformed(f"media.payload is {'missing' if payload is None else 'not a string'}")
-        if len(payload) > self._max_payload_chars:
-            raise self._payload_too_large(len(payload) * 3 // 4)
-        try:
-            data = binascii.a2b_base64(payload, strict_mode=True)
-        except (binascii.Error, ValueError):
-            raise ProtocolError(
-                PROTOCOL_ERROR, "media.payload is not valid base64", kind="invalid_payload"
-            ) from None
-        if len(data) > self.max_payload_bytes:
-            raise self._payload_too_large(len(data))
+        data = self._payload(media)
         chunk = _integer(media, "chunk", "media.chunk")
         timestamp = _integer(media, "timestamp", "media.timestamp")
         track = _text(media, "track", "media.track")
@@ -552,13 +514,6 @@ class TelnyxStream:
                 return [ProtocolWarning("unknown_track", f"media of track {track[:20]!r} ignored")]
             reorder = self._tracks[track] = self._new_reorder()
         return _audible(reorder.push(Media(sequence, chunk, timestamp, track, data)))
-
-    def _payload_too_large(self, size: int) -> ProtocolError:
-        return ProtocolError(
-            POLICY_VIOLATION,
-            f"media.payload of {size} bytes exceeds {self.max_payload_bytes}",
-            kind="payload_too_large",
-        )
 
     def _connected(self, message: Mapping[str, Any]) -> Connected:
         if self.state is not StreamState.NEW:

@@ -8,21 +8,20 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
 from voice_agent.transports.errors import (
-    POLICY_VIOLATION,
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
     ProtocolError,
     ProtocolWarning,
 )
-from voice_agent.transports.json_fields import json_message
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import json_text as _text
 from voice_agent.transports.json_fields import malformed as _malformed
+from voice_agent.transports.json_stream import JsonMediaStream
 from voice_agent.transports.state import StreamState
 
 ENCODING = "audio/x-mulaw"
@@ -128,7 +127,7 @@ def _integer(parent: Mapping[str, Any], key: str, path: str) -> int:
     raise _malformed(f"{path} is not an integer (got {json.dumps(value)[:40]})")
 
 
-class TwilioStream:
+class TwilioStream(JsonMediaStream[TwilioEvent]):
     """One Media Stream's inbound side: feed it each text message, get events back.
 
     Order enforced: an optional `connected`, then exactly one `start`, then `media`, `dtmf`,
@@ -137,17 +136,15 @@ class TwilioStream:
     Once `start` is in, `media_message` / `mark_message` / `clear_message` address this stream.
     """
 
+    PROTOCOL = "Twilio Media Streams"
+
     def __init__(
         self,
         *,
         max_message_chars: int = MAX_MESSAGE_CHARS,
         max_payload_bytes: int = MAX_MEDIA_PAYLOAD_BYTES,
     ) -> None:
-        self.max_message_chars = max_message_chars
-        self.max_payload_bytes = max_payload_bytes
-        # Longest base64 text that can decode to max_payload_bytes; checked before decoding.
-        self._max_payload_chars = 4 * -(-max_payload_bytes // 3)
-        self.state = StreamState.NEW
+        super().__init__(max_message_chars=max_message_chars, max_payload_bytes=max_payload_bytes)
         self.start: Start | None = None
         self._last_sequence = 0  # set by start
         self._media_prefix = ""
@@ -160,14 +157,6 @@ class TwilioStream:
         return self.start.stream_sid
 
     # -- inbound -------------------------------------------------------------------------------
-
-    def receive_bytes(self, data: bytes) -> NoReturn:
-        """Twilio only sends text: a binary frame is a peer that is not speaking its protocol."""
-        raise ProtocolError(
-            UNSUPPORTED_DATA,
-            f"binary frame of {len(data)} bytes: Twilio Media Streams messages are JSON text",
-            kind="binary_frame",
-        )
 
     def media_payload(self, text: str) -> bytes | None:
         """The audio of `text` when it is a well-formed, in-order media message of this started
@@ -184,16 +173,7 @@ class TwilioStream:
         except (ValueError, KeyError, TypeError):
             return None
 
-    def receive(self, text: str) -> list[TwilioEvent]:
-        message = json_message(text, self.max_message_chars)
-        event = message.get("event")
-        # Media first: it is 50 messages a second, everything else a handful per call.
-        if event == "media":
-            return self._media(message)
-        if not isinstance(event, str):
-            raise _malformed('message has no "event" string')
-        if self.state is StreamState.STOPPED:
-            return [ProtocolWarning("after_stop", f"{event} message after stop ignored")]
+    def _event(self, event: str, message: Mapping[str, Any]) -> list[TwilioEvent] | None:
         if event == "connected":
             return [self._connected(message)]
         if event == "start":
@@ -204,14 +184,7 @@ class TwilioStream:
             return self._mark(message)
         if event == "stop":
             return self._stop(message)
-        # Twilio adds event types over time; a new one must not end a caller's call.
-        return [ProtocolWarning("unknown_event", f"unknown event {event[:40]!r} ignored")]
-
-    def _require_started(self, event: str) -> None:
-        if self.state is not StreamState.STARTED:
-            raise ProtocolError(
-                PROTOCOL_ERROR, f"{event} message before start", kind="out_of_order"
-            )
+        return None
 
     def _sequenced(self, message: Mapping[str, Any], event: str) -> tuple[int, list[TwilioEvent]]:
         """The message's sequenceNumber, checked against its streamSid and the previous one."""
@@ -278,25 +251,10 @@ class TwilioStream:
         return None
 
     def _media_checked(self, message: Mapping[str, Any]) -> list[TwilioEvent]:
-        if self.state is StreamState.STOPPED:
-            return [ProtocolWarning("after_stop", "media message after stop ignored")]
         self._require_started("media")
         sequence, events = self._sequenced(message, "media")
         media = _object(message, "media", "media")
-        payload = media.get("payload")
-        if not isinstance(payload, str):
-            raise _malformed(f"media.payload is {'missing' if payload is None else 'not a string'}")
-        if len(payload) > self._max_payload_chars:
-            raise self._payload_too_large(len(payload) * 3 // 4)
-        try:
-            data = binascii.a2b_base64(payload, strict_mode=True)
-        except (binascii.Error, ValueError):
-            # binascii's own wording differs between Python versions; the field says enough.
-            raise ProtocolError(
-                PROTOCOL_ERROR, "media.payload is not valid base64", kind="invalid_payload"
-            ) from None
-        if len(data) > self.max_payload_bytes:
-            raise self._payload_too_large(len(data))
+        data = self._payload(media)
         chunk = _integer(media, "chunk", "media.chunk")
         timestamp = _integer(media, "timestamp", "media.timestamp")
         track = _text(media, "track", "media.track")
@@ -306,13 +264,8 @@ class TwilioStream:
         events.append(Media(sequence, chunk, timestamp, track, data))
         return events
 
-    def _payload_too_large(self, size: int) -> ProtocolError:
-        return ProtocolError(
-            POLICY_VIOLATION,
-            f"media.payload of {size} bytes exceeds {self.max_payload_bytes} "
-            f"({self.max_payload_bytes // 8} ms of 8 kHz mu-law)",
-            kind="payload_too_large",
-        )
+    def _payload_limit_note(self) -> str:
+        return f"{self.max_payload_bytes // 8} ms of 8 kHz mu-law"
 
     def _connected(self, message: Mapping[str, Any]) -> Connected:
         if self.state is not StreamState.NEW:
