@@ -16,24 +16,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from voice_agent.sip import events
 from voice_agent.sip import uac as client
 from voice_agent.sip import uas as server
 from voice_agent.sip.message import SipMessage
 from voice_agent.sip.transaction import Addr
 
 Action = server.Action | client.Action
-# The actions about one live call (all but Send, Refused, IncomingCall, Ringing and Dialing),
-# whichever user agent holds it.
+# The actions about one live call (all of voice_agent.sip.events but Send, Refused, IncomingCall,
+# Ringing and Dialing), whichever user agent holds it.
 CallEvent = (
-    server.CallConfirmed
-    | client.Answered
-    | server.MediaChanged
-    | server.DtmfReceived
-    | server.CallEnded
-    | client.Failed
-    | server.TransferAccepted
-    | server.TransferProgress
-    | server.TransferFailed
+    events.CallConfirmed
+    | events.Answered
+    | events.MediaChanged
+    | events.DtmfReceived
+    | events.CallEnded
+    | events.Failed
+    | events.TransferAccepted
+    | events.TransferProgress
+    | events.TransferFailed
 )
 
 

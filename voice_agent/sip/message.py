@@ -342,3 +342,15 @@ def host_in_uri(host: str) -> str:
 def quoted(text: str) -> str:
     """`text` for a quoted-string (a Reason's text), escaped and cut to 200 characters."""
     return text.replace("\\", "\\\\").replace('"', '\\"')[:200]
+
+
+_SIPFRAG_STATUS = re.compile(r"SIP/2\.0\s+([1-6][0-9][0-9])\s*([^\r\n]*)")
+
+
+def sipfrag_status(body: bytes) -> tuple[int | None, str]:
+    """The status line of a message/sipfrag body (RFC 3420): what the REFER's target answered."""
+    first = body.lstrip().split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    match = _SIPFRAG_STATUS.match(first)
+    if match is None:
+        return None, ""
+    return int(match.group(1)), match.group(2).strip()[:100]

@@ -62,24 +62,46 @@ import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from voice_agent.sip import sdp
 from voice_agent.sip.auth import Credentials, digest_authorization, parse_digest
-from voice_agent.sip.dialog import MAX_FORWARDS, Dialog
+from voice_agent.sip.client_requests import (
+    ALLOW,
+    ack_for_non_2xx,
+    cancel_request,
+    challenge_header,
+    check_target,
+    checked_headers,
+    dialog_from_response,
+    from_name_addr,
+    invite_request,
+    outcome_of,
+    request_uri,
+)
+from voice_agent.sip.dialog import Dialog
 from voice_agent.sip.dtmf import parse_dtmf_body
+from voice_agent.sip.events import (
+    Answered,
+    CallEnded,
+    Dialing,
+    DtmfReceived,
+    Failed,
+    MediaChanged,
+    Outcome,
+    Ringing,
+    Send,
+)
 from voice_agent.sip.message import (
     SIP_VERSION,
     SipMessage,
     SipParseError,
     build_response,
     host_in_uri,
-    name_addr_uri,
     parse_message,
-    quoted,
     required_extensions,
-    split_commas,
 )
+from voice_agent.sip.offer import BadOffer, read_offer
+from voice_agent.sip.placed_call import InviteTransaction, OutgoingRequest, PlacedCall
 from voice_agent.sip.transaction import (
     MAGIC_COOKIE,
     TIMEOUT_MS,
@@ -91,9 +113,7 @@ from voice_agent.sip.transaction import (
     transaction_key,
     with_received,
 )
-from voice_agent.sip.uas import CallEnded, DtmfReceived, MediaChanged, Send
 
-ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
 DEFAULT_RING_TIMEOUT_MS = 60_000.0
 MAX_FORKS = 4  # 2xx of other forks ACKed and BYEd per call; past it they are only ACKed
 _KNOWN_METHODS = {
@@ -108,12 +128,7 @@ _KNOWN_METHODS = {
 }
 _REQUIRED = ("via", "from", "to", "call-id", "cseq")
 _CALL_ID_CHARS = re.compile(r"[^A-Za-z0-9.!%*_+`'~@-]")
-_URI = re.compile(r"(?i)(sips?|tel):[^\s<>\"]+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_HEADER_NAME = re.compile(r"[A-Za-z0-9.!%*_+`'~-]+")
 
-CallState = Literal["calling", "proceeding", "established", "ended"]
-Outcome = Literal["busy", "no answer", "bad number", "refused", "failed", "cancelled"]
 Ended = CallEnded  # the call ended after its answer: callee hung up, or we did
 
 
@@ -127,142 +142,14 @@ class UacSettings:
     user_agent: str = "voice-agent"
 
 
-# ---- what the gateway is told ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Dialing:
-    """First of dial's actions: the Call-ID the call goes by in every later action."""
-
-    call_id: str
-    target_uri: str
-
-
-@dataclass(frozen=True, slots=True)
-class Ringing:
-    """A 180 or 183: the callee is alerted. `early_media` when the 183 carried an answer."""
-
-    call_id: str
-    status: int
-    early_media: sdp.Negotiated | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Answered:
-    """The 2xx came and was ACKed: media flows to `negotiated`."""
-
-    call_id: str
-    negotiated: sdp.Negotiated
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The call never got answered: the final status (408 for timeouts), a reason for the log
-    and what it means for the caller of dial."""
-
-    call_id: str
-    status: int
-    reason: str
-    outcome: Outcome
-
-
 Action = Send | Dialing | Ringing | Answered | Failed | CallEnded | DtmfReceived | MediaChanged
-
-
-# ---- one call ------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Invite:
-    """One INVITE client transaction (section 17.1.1): the request sent and its ACK, once a
-    non-2xx final response came (17.1.1.3), to send again for its retransmissions."""
-
-    data: bytes
-    message: SipMessage
-    branch: str
-    cseq: int
-    ack: bytes | None = None
-
-
-@dataclass(eq=False)
-class _Outgoing:
-    """A non-INVITE client transaction of ours (CANCEL or BYE, section 17.1.2)."""
-
-    method: str
-    branch: str
-    retransmit: Retransmission
-    dialog: Dialog | None = None
-    authorized: bool = False
-
-
-@dataclass(eq=False)
-class _Call:
-    call_id: str
-    target_uri: str
-    from_value: str  # our From, with our tag
-    local_tag: str
-    trunk: Addr
-    media: Addr
-    offer: sdp.SessionDescription
-    offer_body: bytes
-    session_id: str
-    credentials: Credentials | None
-    extra_headers: tuple[tuple[str, str], ...]
-    dialed_ms: float
-    ring_deadline_ms: float
-    state: CallState = "calling"
-    invites: list[_Invite] = field(default_factory=list)  # the last is the current one
-    invite_retransmit: Retransmission | None = None  # timers A and B
-    auth_tries: int = 0
-    stale_retried: bool = False
-    ringing: bool = False
-    early_media: bool = False
-    cancel_reason: str | None = None
-    cancel_outcome: Outcome = "cancelled"
-    cancel_deadline_ms: float | None = None
-    dialog: Dialog | None = None
-    ack_2xx: bytes | None = None
-    auth_header: tuple[str, str] | None = None  # the INVITE's credentials, for its 2xx's ACK
-    forks: dict[str, tuple[bytes, Addr]] = field(default_factory=dict)  # To tag: ACK, where
-    outgoing: dict[str, _Outgoing] = field(default_factory=dict)  # branch: transaction
-    negotiated: sdp.Negotiated | None = None
-    sdp_version: int = 1
-    reinvite_key: TransactionKey | None = None
-    reinvite_response: bytes = b""
-    reinvite_addr: Addr | None = None
-    reinvite_cseq: int | None = None  # the re-INVITE whose 2xx waits for its ACK
-    reinvite_retransmit: Retransmission | None = None
-    expires_ms: float | None = None  # an ended call is kept this long
-
-    @property
-    def invite(self) -> _Invite:
-        return self.invites[-1]
-
-    @property
-    def busy(self) -> bool:
-        """Timers other than the expiry still run."""
-        return bool(self.outgoing) or self.reinvite_retransmit is not None
-
-    @property
-    def deadline_ms(self) -> float | None:
-        times = [out.retransmit.deadline_ms for out in self.outgoing.values()]
-        for timer in (self.invite_retransmit, self.reinvite_retransmit):
-            if timer is not None:
-                times.append(timer.deadline_ms)
-        if self.state in ("calling", "proceeding") and self.cancel_reason is None:
-            times.append(self.ring_deadline_ms)
-        if self.cancel_deadline_ms is not None:
-            times.append(self.cancel_deadline_ms)
-        if self.expires_ms is not None and not self.busy:
-            times.append(self.expires_ms)
-        return min(times, default=None)
 
 
 @dataclass
 class UserAgentClient:
     settings: UacSettings
     make_id: Callable[[], str] = field(default=lambda: secrets.token_hex(8))
-    calls: dict[str, _Call] = field(default_factory=dict)
+    calls: dict[str, PlacedCall] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.responses = ResponseCache()
@@ -295,13 +182,9 @@ class UserAgentClient:
         destination = trunk or self.settings.trunk
         if destination is None:
             raise ValueError("no trunk to send the INVITE to: in UacSettings or dial's trunk")
-        if not _URI.fullmatch(target_uri):
-            raise ValueError(f"target {target_uri[:80]!r} is not a sip:, sips: or tel: URI")
-        from_value = _name_addr(from_uri)
-        extra = tuple((name.strip(), value.strip()) for name, value in headers)
-        for name, value in extra:
-            if not _HEADER_NAME.fullmatch(name) or _CONTROL.search(value):
-                raise ValueError(f"header {name[:40]!r} is not a header name and one-line value")
+        check_target(target_uri)
+        from_value = from_name_addr(from_uri)
+        extra = checked_headers(headers)
         call_id = self._call_id(call_id_hint)
         if self.live_calls >= self.settings.max_calls or len(self.calls) >= 4 * max(
             1, self.settings.max_calls
@@ -316,7 +199,7 @@ class UserAgentClient:
         )
         local_tag = self.make_id()
         timeout = self.settings.ring_timeout_ms if ring_timeout_ms is None else ring_timeout_ms
-        call = _Call(
+        call = PlacedCall(
             call_id=call_id,
             target_uri=target_uri,
             from_value=f"{from_value};tag={local_tag}",
@@ -449,7 +332,7 @@ class UserAgentClient:
 
     # ---- responses -----------------------------------------------------------------------
 
-    def _response(self, call: _Call, response: SipMessage, now_ms: float) -> list[Action]:
+    def _response(self, call: PlacedCall, response: SipMessage, now_ms: float) -> list[Action]:
         """Section 17.1.3: a response belongs to the client transaction of its top Via's
         branch and its CSeq method."""
         if not response.get("via"):
@@ -485,7 +368,7 @@ class UserAgentClient:
         return []
 
     def _invite_response(
-        self, call: _Call, response: SipMessage, status: int, now_ms: float
+        self, call: PlacedCall, response: SipMessage, status: int, now_ms: float
     ) -> list[Action]:
         invite = call.invite
         if status < 200:
@@ -497,7 +380,7 @@ class UserAgentClient:
         if invite.ack is not None:
             return [Send(invite.ack, call.trunk)]  # a retransmission: the ACK again
         call.invite_retransmit = None
-        invite.ack = _ack_for_non_2xx(invite.message, response)
+        invite.ack = ack_for_non_2xx(invite.message, response)
         actions: list[Action] = [Send(invite.ack, call.trunk)]
         if call.state == "ended":
             return actions
@@ -512,7 +395,7 @@ class UserAgentClient:
         return actions + self._fail(call, status, reason, outcome_of(status), now_ms)
 
     def _provisional(
-        self, call: _Call, response: SipMessage, status: int, now_ms: float
+        self, call: PlacedCall, response: SipMessage, status: int, now_ms: float
     ) -> list[Action]:
         actions: list[Action] = []
         if call.state == "calling":
@@ -535,7 +418,7 @@ class UserAgentClient:
             actions.append(Ringing(call.call_id, status, early))
         return actions
 
-    def _success(self, call: _Call, response: SipMessage, now_ms: float) -> list[Action]:
+    def _success(self, call: PlacedCall, response: SipMessage, now_ms: float) -> list[Action]:
         to_tag = response.to_tag or ""
         if call.dialog is not None:
             if to_tag == call.dialog.remote_tag:
@@ -575,7 +458,9 @@ class UserAgentClient:
         call.negotiated = negotiated
         return [*actions, Answered(call.call_id, negotiated)]
 
-    def _fork(self, call: _Call, response: SipMessage, to_tag: str, now_ms: float) -> list[Action]:
+    def _fork(
+        self, call: PlacedCall, response: SipMessage, to_tag: str, now_ms: float
+    ) -> list[Action]:
         """A 2xx from a second fork (section 13.2.2.4): ACK it, and BYE the dialog it made."""
         if to_tag in call.forks:
             ack, where = call.forks[to_tag]
@@ -596,7 +481,7 @@ class UserAgentClient:
         return actions
 
     def _challenged(
-        self, call: _Call, response: SipMessage, status: int, now_ms: float
+        self, call: PlacedCall, response: SipMessage, status: int, now_ms: float
     ) -> list[Action]:
         """Section 22.2: answer the challenge once with the INVITE again (CSeq + 1)."""
         if call.credentials is None:
@@ -605,7 +490,7 @@ class UserAgentClient:
             )
         stale = any(
             (parse_digest(value) or {}).get("stale", "").lower() == "true"
-            for value in response.get_all(_challenge_header(status))
+            for value in response.get_all(challenge_header(status))
         )
         if call.auth_tries >= 1 and not (stale and not call.stale_retried):
             return self._fail(call, status, "the trunk refused our credentials", "refused", now_ms)
@@ -623,15 +508,15 @@ class UserAgentClient:
 
     def _authorize(
         self,
-        call: _Call,
+        call: PlacedCall,
         response: SipMessage,
         status: int,
         method: str,
         dialog: Dialog | None,
     ) -> tuple[str, str] | None:
         assert call.credentials is not None
-        uri = call.target_uri if dialog is None else _request_uri(dialog)
-        for challenge in response.get_all(_challenge_header(status)):
+        uri = call.target_uri if dialog is None else request_uri(dialog)
+        for challenge in response.get_all(challenge_header(status)):
             value = digest_authorization(
                 challenge,
                 method=method,
@@ -647,7 +532,7 @@ class UserAgentClient:
     # ---- requests from the callee --------------------------------------------------------
 
     def _request(
-        self, call: _Call, request: SipMessage, source: Addr, now_ms: float
+        self, call: PlacedCall, request: SipMessage, source: Addr, now_ms: float
     ) -> list[Action]:
         try:
             missing = [name for name in _REQUIRED if request.get(name) is None]
@@ -712,7 +597,7 @@ class UserAgentClient:
         return self._reply(request, addr, status, key, now_ms, [("Allow", ALLOW)])
 
     def _reinvite(
-        self, call: _Call, request: SipMessage, key: TransactionKey, addr: Addr, now_ms: float
+        self, call: PlacedCall, request: SipMessage, key: TransactionKey, addr: Addr, now_ms: float
     ) -> list[Action]:
         """A re-INVITE from the callee (section 14.2): its offer answered at once."""
         number, _ = request.cseq
@@ -723,34 +608,29 @@ class UserAgentClient:
             return self._reply(request, addr, 500, None, now_ms, [("Retry-After", "1")])
         call.reinvite_key = key
         call.reinvite_addr = addr
-        content_type = (request.get("content-type") or "").split(";", 1)[0].strip().lower()
         status, headers, body = 488, [("Warning", '305 voice-agent "no offer"')], b""
         negotiated: sdp.Negotiated | None = None
-        if request.body and content_type != "application/sdp":
-            status, headers = 415, [("Accept", "application/sdp")]
-        elif request.body:
-            try:
-                offer = sdp.parse_sdp(request.body)
-                negotiated = sdp.negotiate(offer)
-                call.sdp_version += 1
-                body = sdp.build_answer(
-                    offer,
-                    negotiated,
-                    address=call.media[0],
-                    port=call.media[1],
-                    session_id=call.session_id,
-                    version=call.sdp_version,
-                )
-                status = 200
-                headers = [
-                    ("Contact", self._contact()),
-                    ("Allow", ALLOW),
-                    ("Content-Type", "application/sdp"),
-                ]
-            except sdp.NoCommonCodec:
-                status, headers = 488, [("Warning", '305 voice-agent "no common codec"')]
-            except sdp.SdpError:
-                status, headers = 400, []
+        try:
+            read = read_offer(request)
+        except BadOffer as bad:
+            read, status, headers = None, bad.status, bad.headers
+        if read is not None:
+            offer, negotiated = read
+            call.sdp_version += 1
+            body = sdp.build_answer(
+                offer,
+                negotiated,
+                address=call.media[0],
+                port=call.media[1],
+                session_id=call.session_id,
+                version=call.sdp_version,
+            )
+            status = 200
+            headers = [
+                ("Contact", self._contact()),
+                ("Allow", ALLOW),
+                ("Content-Type", "application/sdp"),
+            ]
         response = build_response(
             request, status, headers=[("Server", self.settings.user_agent), *headers], body=body
         )
@@ -781,35 +661,28 @@ class UserAgentClient:
             if candidate not in self.calls:
                 return candidate
 
-    def _send_invite(self, call: _Call, cseq: int, now_ms: float) -> list[Action]:
+    def _send_invite(self, call: PlacedCall, cseq: int, now_ms: float) -> list[Action]:
         """An INVITE as section 8.1.1 builds it; sent, and retransmitted by timer A."""
         branch = MAGIC_COOKIE + self.make_id()
-        headers = [
-            *call.extra_headers,
-            *([call.auth_header] if call.auth_header is not None else []),
-        ]
-        lines = [
-            f"INVITE {call.target_uri} {SIP_VERSION}",
-            f"Via: {SIP_VERSION}/UDP {self._via_host};branch={branch};rport",
-            f"Max-Forwards: {MAX_FORWARDS}",
-            f"From: {call.from_value}",
-            f"To: <{call.target_uri}>",
-            f"Call-ID: {call.call_id}",
-            f"CSeq: {cseq} INVITE",
-            f"Contact: {self._contact()}",
-            f"Allow: {ALLOW}",
-            f"User-Agent: {self.settings.user_agent}",
-            *(f"{name}: {value}" for name, value in headers),
-            "Content-Type: application/sdp",
-            f"Content-Length: {len(call.offer_body)}",
-        ]
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + call.offer_body
-        call.invites.append(_Invite(data, parse_message(data), branch, cseq))
+        data = invite_request(
+            target_uri=call.target_uri,
+            from_value=call.from_value,
+            call_id=call.call_id,
+            cseq=cseq,
+            via=f"{SIP_VERSION}/UDP {self._via_host};branch={branch};rport",
+            contact=self._contact(),
+            user_agent=self.settings.user_agent,
+            headers=[*call.extra_headers, *([call.auth_header] if call.auth_header else [])],
+            body=call.offer_body,
+        )
+        call.invites.append(InviteTransaction(data, parse_message(data), branch, cseq))
         # Timer A doubles with no cap for INVITEs (17.1.1.2); timer B is its 64*T1 end.
         call.invite_retransmit = Retransmission(data, call.trunk, now_ms, cap_ms=math.inf)
         return [Send(data, call.trunk)]
 
-    def _cancel(self, call: _Call, now_ms: float, reason: str, outcome: Outcome) -> list[Action]:
+    def _cancel(
+        self, call: PlacedCall, now_ms: float, reason: str, outcome: Outcome
+    ) -> list[Action]:
         if call.state not in ("calling", "proceeding") or call.cancel_reason is not None:
             return []
         call.cancel_reason = reason
@@ -818,31 +691,23 @@ class UserAgentClient:
             return []  # section 9.1: the CANCEL waits for a provisional response
         return self._send_cancel(call, now_ms)
 
-    def _send_cancel(self, call: _Call, now_ms: float) -> list[Action]:
-        """Section 9.1: the INVITE's Request-URI, Call-ID, From, To, CSeq number and top Via
-        (its branch), and CSeq method CANCEL."""
-        invite = call.invite.message
-        lines = [
-            f"CANCEL {invite.uri} {SIP_VERSION}",
-            f"Via: {invite.get_all('via')[0]}",
-            f"Max-Forwards: {MAX_FORWARDS}",
-            f"From: {invite.get('from')}",
-            f"To: {invite.get('to')}",
-            f"Call-ID: {invite.call_id}",
-            f"CSeq: {call.invite.cseq} CANCEL",
-            f"User-Agent: {self.settings.user_agent}",
-            f'Reason: SIP;cause=487;text="{quoted(call.cancel_reason or "")}"',
-            "Content-Length: 0",
-        ]
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
+    def _send_cancel(self, call: PlacedCall, now_ms: float) -> list[Action]:
+        """The CANCEL of the call's INVITE (section 9.1), retransmitted until its final response;
+        the INVITE's own final response is due within 64*T1."""
+        data = cancel_request(
+            call.invite.message,
+            call.invite.cseq,
+            call.cancel_reason or "",
+            self.settings.user_agent,
+        )
         branch = call.invite.branch
-        call.outgoing[branch] = _Outgoing(
+        call.outgoing[branch] = OutgoingRequest(
             "CANCEL", branch, Retransmission(data, call.trunk, now_ms)
         )
         call.cancel_deadline_ms = now_ms + TIMEOUT_MS
         return [Send(data, call.trunk)]
 
-    def _ack_2xx(self, call: _Call, dialog: Dialog) -> bytes:
+    def _ack_2xx(self, call: PlacedCall, dialog: Dialog) -> bytes:
         """Section 13.2.2.4: the ACK of a 2xx is a request of its dialog with the INVITE's
         CSeq number (and its credentials), in a transaction of its own (a new branch)."""
         dialog.local_cseq = call.invite.cseq - 1  # Dialog.request counts it up to the INVITE's
@@ -855,7 +720,7 @@ class UserAgentClient:
 
     def _bye(
         self,
-        call: _Call,
+        call: PlacedCall,
         dialog: Dialog,
         now_ms: float,
         authorization: tuple[str, str] | None = None,
@@ -866,7 +731,7 @@ class UserAgentClient:
             headers.append(authorization)
         data = dialog.request("BYE", via_host=self._via_host, branch=branch, headers=headers)
         destination = dialog.destination()
-        call.outgoing[branch] = _Outgoing(
+        call.outgoing[branch] = OutgoingRequest(
             "BYE",
             branch,
             Retransmission(data, destination, now_ms),
@@ -876,7 +741,7 @@ class UserAgentClient:
         return [Send(data, destination)]
 
     def _fail(
-        self, call: _Call, status: int, reason: str, outcome: Outcome, now_ms: float
+        self, call: PlacedCall, status: int, reason: str, outcome: Outcome, now_ms: float
     ) -> list[Action]:
         call.state = "ended"
         call.invite_retransmit = None
@@ -914,99 +779,3 @@ class UserAgentClient:
             return [Send(response, response_addr(request, source))]
         except SipParseError:
             return []
-
-
-# ---- the dialog of a 2xx, digest answers, small helpers --------------------------------------
-
-
-def dialog_from_response(
-    response: SipMessage,
-    *,
-    local_uri: str,
-    local_tag: str,
-    target_uri: str,
-    local_cseq: int,
-    source: Addr,
-) -> Dialog:
-    """The dialog a 2xx to our INVITE makes, as its UAC sees it (section 12.1.2): the remote
-    target from the 2xx's Contact (the Request-URI if it has none), the route set from its
-    Record-Route in reverse order, the remote tag and URI from its To, ours from our From, no
-    remote CSeq yet (0), our CSeq the INVITE's. Dialog.request then builds BYE with From ours
-    and To theirs; Dialog.matches takes the callee's requests (our tag in To)."""
-    contact = response.get("contact")
-    routes = [
-        part.strip()
-        for value in response.get_all("record-route")
-        for part in split_commas(value)
-        if part.strip()
-    ]
-    return Dialog(
-        call_id=response.call_id,
-        local_tag=local_tag,
-        remote_tag=response.to_tag or "",
-        local_uri=local_uri,
-        remote_uri=response.get("to") or "",
-        remote_target=name_addr_uri(contact) if contact else target_uri,
-        route_set=list(reversed(routes)),
-        remote_cseq=0,
-        source=source,
-        local_cseq=local_cseq,
-    )
-
-
-def outcome_of(status: int) -> Outcome:
-    """What a final status means for the caller of dial (section 21's classes, coarsely)."""
-    if status in (486, 600):
-        return "busy"
-    if status in (480, 408, 487):
-        return "no answer"
-    if status in (404, 484, 604):
-        return "bad number"
-    if status in (401, 403, 407):
-        return "refused"
-    return "failed"
-
-
-def _challenge_header(status: int) -> str:
-    return "www-authenticate" if status == 401 else "proxy-authenticate"
-
-
-def _ack_for_non_2xx(invite: SipMessage, response: SipMessage) -> bytes:
-    """Section 17.1.1.3: the INVITE's Request-URI, top Via (its branch), From, Call-ID, CSeq
-    number and Route, the response's To (with its tag), CSeq method ACK."""
-    number, _ = invite.cseq
-    lines = [
-        f"ACK {invite.uri} {SIP_VERSION}",
-        f"Via: {invite.get_all('via')[0]}",
-        *(f"Route: {route}" for route in invite.get_all("route")),
-        f"Max-Forwards: {MAX_FORWARDS}",
-        f"From: {invite.get('from')}",
-        f"To: {response.get('to') or invite.get('to')}",
-        f"Call-ID: {invite.call_id}",
-        f"CSeq: {number} ACK",
-        "Content-Length: 0",
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
-
-
-def _request_uri(dialog: Dialog) -> str:
-    """The Request-URI Dialog.request gives its requests (a strict router's, or the target)."""
-    if dialog.route_set:
-        first = name_addr_uri(dialog.route_set[0])
-        params = {p.split("=", 1)[0].strip().lower() for p in first.split("?", 1)[0].split(";")[1:]}
-        if "lr" not in params:
-            return first
-    return dialog.remote_target
-
-
-def _name_addr(uri: str) -> str:
-    value = uri.strip()
-    if _CONTROL.search(value):
-        raise ValueError(f"From {value[:80]!r} holds a control character")
-    if "<" not in value:
-        if not _URI.fullmatch(value):
-            raise ValueError(f"From {value[:80]!r} is not a sip:, sips: or tel: URI")
-        return f"<{value}>"
-    if not _URI.fullmatch(name_addr_uri(value)) or "tag=" in value.rpartition(">")[2]:
-        raise ValueError(f"From {value[:80]!r} is not a name-addr without a tag")
-    return value

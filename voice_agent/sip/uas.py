@@ -40,7 +40,6 @@ What is answered how:
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +49,18 @@ from voice_agent.sip import sdp
 from voice_agent.sip.auth import DigestAuthenticator
 from voice_agent.sip.dialog import Dialog
 from voice_agent.sip.dtmf import parse_dtmf_body
+from voice_agent.sip.events import (
+    CallConfirmed,
+    CallEnded,
+    DtmfReceived,
+    IncomingCall,
+    MediaChanged,
+    Refused,
+    Send,
+    TransferAccepted,
+    TransferFailed,
+    TransferProgress,
+)
 from voice_agent.sip.guard import FailureLimiter, Network, source_allowed
 from voice_agent.sip.message import (
     SipMessage,
@@ -61,7 +72,9 @@ from voice_agent.sip.message import (
     parse_via,
     quoted,
     required_extensions,
+    sipfrag_status,
 )
+from voice_agent.sip.offer import BadOffer, negotiated_offer
 from voice_agent.sip.transaction import (
     TIMEOUT_MS,
     Addr,
@@ -101,84 +114,6 @@ class UasSettings:
     max_calls: int = 1000
     max_auth_failures_per_minute: int = 10
     user_agent: str = "voice-agent"
-
-
-# ---- what the server is told -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    data: bytes
-    addr: Addr
-
-
-@dataclass(frozen=True)
-class IncomingCall:
-    call_id: str  # the SIP Call-ID, this server's key for the call
-    invite: SipMessage
-    source: Addr
-    negotiated: sdp.Negotiated | None  # None: no offer, ours goes in the 200 (delayed offer)
-    username: str | None = None  # who authenticated, if credentials are configured
-
-
-@dataclass(frozen=True)
-class CallConfirmed:
-    call_id: str
-    negotiated: sdp.Negotiated
-
-
-@dataclass(frozen=True)
-class MediaChanged:
-    call_id: str
-    negotiated: sdp.Negotiated
-
-
-@dataclass(frozen=True)
-class DtmfReceived:
-    call_id: str
-    digit: str
-
-
-@dataclass(frozen=True)
-class CallEnded:
-    call_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A datagram turned away: what it was, who sent it, and why (for the log and metrics)."""
-
-    addr: Addr
-    status: int | None  # None: dropped without an answer
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class TransferAccepted:
-    """The far end took our REFER (202): it now calls the target and NOTIFYs how that goes."""
-
-    call_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class TransferProgress:
-    """A NOTIFY of the REFER's subscription: the status line its sipfrag body carries (100,
-    180, 200, 486, ...); `final` once the subscription is terminated or the status is final."""
-
-    call_id: str
-    status: int
-    reason: str
-    final: bool
-
-
-@dataclass(frozen=True, slots=True)
-class TransferFailed:
-    """The REFER was refused (its final status) or never answered (408)."""
-
-    call_id: str
-    status: int
-    reason: str
 
 
 def read_datagram(data: bytes, source: Addr) -> SipMessage | Refused | None:
@@ -517,8 +452,8 @@ class UserAgentServer:
         ):
             return self._refuse(invite, source, 503, "at max_calls", headers=[("Retry-After", "5")])
         try:
-            negotiated = _offer_of(invite)
-        except _BadOffer as bad:
+            negotiated = negotiated_offer(invite)
+        except BadOffer as bad:
             return self._refuse(invite, source, bad.status, bad.reason, headers=bad.headers)
         call = _Call(
             call_id=invite.call_id,
@@ -558,8 +493,8 @@ class UserAgentServer:
         call.dialog.remote_cseq = number
         call.reinvite_key = key
         try:
-            negotiated = _offer_of(invite)
-        except _BadOffer as bad:
+            negotiated = negotiated_offer(invite)
+        except BadOffer as bad:
             # Section 14.2: a refused re-INVITE leaves the session as it was.
             response = build_response(
                 invite, bad.status, to_tag=call.local_tag, headers=[*self._common(), *bad.headers]
@@ -674,7 +609,7 @@ class UserAgentServer:
                 request, source, 481, "no such subscription", key=key, now_ms=now_ms
             )
         actions = self._reply(request, source, 200, key=key, now_ms=now_ms)
-        status, reason = _sipfrag_status(request.body)
+        status, reason = sipfrag_status(request.body)
         state = (request.get("subscription-state") or "").split(";", 1)[0].strip().lower()
         if status is not None and call.state != "ended":
             final = status >= 200 or state == "terminated"
@@ -850,42 +785,3 @@ class UserAgentServer:
             return self._refuse(request, source, 400, reason)
         except SipParseError:
             return [Refused(source, None, f"{request.method}: {reason}; no Via to answer to")]
-
-
-class _BadOffer(Exception):
-    def __init__(self, status: int, reason: str, headers: list[tuple[str, str]]) -> None:
-        self.status, self.reason, self.headers = status, reason, headers
-
-
-def _offer_of(request: SipMessage) -> sdp.Negotiated | None:
-    """The request's SDP offer, negotiated; None without one. Raises _BadOffer with the
-    response to give (415 not SDP, 400 unreadable, 488 no codec in common)."""
-    if not request.body:
-        return None
-    content_type = (request.get("content-type") or "").split(";", 1)[0].strip().lower()
-    if content_type != "application/sdp":
-        raise _BadOffer(
-            415,
-            f"body of type {content_type or 'none'!r} is not SDP",
-            [("Accept", "application/sdp")],
-        )
-    try:
-        return sdp.negotiate(sdp.parse_sdp(request.body))
-    except sdp.NoCommonCodec as error:
-        raise _BadOffer(
-            488, str(error), [("Warning", '305 voice-agent "no common codec"')]
-        ) from None
-    except sdp.SdpError as error:
-        raise _BadOffer(400, f"SDP: {error}", []) from None
-
-
-_SIPFRAG_STATUS = re.compile(r"SIP/2\.0\s+([1-6][0-9][0-9])\s*([^\r\n]*)")
-
-
-def _sipfrag_status(body: bytes) -> tuple[int | None, str]:
-    """The status line of a message/sipfrag body (RFC 3420): what the REFER's target answered."""
-    first = body.lstrip().split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-    match = _SIPFRAG_STATUS.match(first)
-    if match is None:
-        return None, ""
-    return int(match.group(1)), match.group(2).strip()[:100]
