@@ -22,7 +22,6 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, cast
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -31,18 +30,10 @@ from websockets.typing import Subprotocol
 
 from voice_agent.agents.registry import AgentRegistry
 from voice_agent.audio.codec import CarrierFormat
-from voice_agent.brains.flows.flow import FlowBrain
-from voice_agent.callcontrol.apis import CallControlApis, call_control_apis
-from voice_agent.callcontrol.carrier_dialer import CarrierDialer, Placer, decision
+from voice_agent.callcontrol.apis import call_control_apis
+from voice_agent.callcontrol.carrier_dialer import CarrierDialer, decision
 from voice_agent.callcontrol.placed_calls import PlacedCall, Via
-from voice_agent.callcontrol.plivo_rest import PlivoPlacer
-from voice_agent.callcontrol.telnyx_rest import TelnyxPlacer
-from voice_agent.callcontrol.twilio_rest import TwilioPlacer
-from voice_agent.config import ConfigError, SttSettings, TtsSettings, VadSettings, split_host_port
-from voice_agent.engines.stt import SttConfig, make_stt
-from voice_agent.engines.tts import TtsConfig, make_tts
-from voice_agent.engines.turn import TurnModel, load_turn_model
-from voice_agent.engines.vad import VadConfig, make_vad
+from voice_agent.config import split_host_port
 from voice_agent.errors import VoiceAgentError
 from voice_agent.gateways import carriers
 from voice_agent.gateways.asterisk_ws import asterisk_endpoint
@@ -69,7 +60,6 @@ from voice_agent.pipeline.recording import (
 )
 from voice_agent.runtime.agent import CompiledAgent
 from voice_agent.runtime.audit import AuditEvent
-from voice_agent.runtime.secrets import DATA_DIR_ENV
 from voice_agent.runtime.session import CallSession
 from voice_agent.server import drain
 from voice_agent.server.admission import (
@@ -80,17 +70,23 @@ from voice_agent.server.admission import (
 )
 from voice_agent.server.agent_check import AgentCheck, Load, WorkerReport, weight_percent
 from voice_agent.server.auth import (
-    AccessPolicy,
     client_address,
     is_trusted_proxy,
-    tokens_from_secrets,
 )
 from voice_agent.server.control_api import CallRequest, ControlApi, NoWayOut, RateLimit
+from voice_agent.server.engine_set import EngineSet
+from voice_agent.server.from_config import (
+    access_policy,
+    api_tokens,
+    data_dir_of,
+    open_durable_store,
+    placers,
+)
 from voice_agent.server.http_routes import answer_http, json_response
 from voice_agent.server.paths import CALL_PATHS  # admission applies; messages held for the endpoint
 from voice_agent.server.workers import SUPERVISOR_PID_ENV
 from voice_agent.store import CallStore as DurableStore
-from voice_agent.store import open_store, outcome_for
+from voice_agent.store import outcome_for
 from voice_agent.transports import asterisk_ws
 from voice_agent.transports.errors import TRY_AGAIN_LATER, close_reason
 
@@ -105,79 +101,6 @@ WEBSOCKET_MAX_SIZE = max(asterisk_ws.WEBSOCKET_MAX_SIZE, carriers.WEBSOCKET_MAX_
 def _select_subprotocol(connection: ServerConnection, offered: Sequence[Subprotocol]) -> Any:
     path = connection.request.path.split("?", 1)[0] if connection.request else ""
     return carriers.select_subprotocol(path, list(offered))
-
-
-TOKEN_ENV = "VOICE_AGENT_TOKEN"  # a token from the environment, for containers
-
-
-def api_tokens(registry: AgentRegistry) -> list[str]:
-    """Tokens from the secrets `server.api_tokens` names, plus $VOICE_AGENT_TOKEN."""
-    tokens = tokens_from_secrets(registry.loaded.config.server.api_tokens, registry.secrets)
-    if os.environ.get(TOKEN_ENV):
-        tokens.append(os.environ[TOKEN_ENV])
-    return tokens
-
-
-def placers(registry: AgentRegistry, apis: CallControlApis) -> dict[str, Placer]:
-    """The carriers configured to place calls (`carriers.*`)."""
-    config = registry.loaded.config
-    carriers, secrets = config.carriers, registry.secrets
-    found: dict[str, Placer] = {}
-    if carriers.telnyx is not None and apis.telnyx is not None:
-        found["telnyx"] = TelnyxPlacer(
-            apis.telnyx,
-            connection_id=carriers.telnyx.connection_id,
-            caller_id=carriers.telnyx.caller_id,
-            public_key=carriers.telnyx.webhook_public_key,
-            ring_timeout_s=carriers.ring_timeout_s,
-        )
-    if carriers.plivo is not None and apis.plivo is not None:
-        found["plivo"] = PlivoPlacer(
-            apis.plivo, caller_id=carriers.plivo.caller_id, ring_timeout_s=carriers.ring_timeout_s
-        )
-    if carriers.twilio is not None:
-        token_name = config.server.twilio_auth_token
-        found["twilio"] = TwilioPlacer(
-            apis.twilio,
-            account_sid=carriers.twilio.account_sid,
-            caller_id=carriers.twilio.caller_id,
-            auth_token=secrets.get(token_name) if token_name else None,
-            ring_timeout_s=carriers.ring_timeout_s,
-        )
-    return found
-
-
-def access_policy(registry: AgentRegistry) -> AccessPolicy:
-    config = registry.loaded.config
-    settings = config.server
-    secrets = registry.secrets
-    tokens = api_tokens(registry)
-    twilio_name = settings.twilio_auth_token
-    if twilio_name and twilio_name not in secrets:
-        raise ConfigError(
-            f"server.twilio_auth_token names secret {twilio_name!r}, which is not set: "
-            f"voice-agent secrets set {twilio_name}",
-            file=str(registry.loaded.path),
-            key="server.twilio_auth_token",
-        )
-    return AccessPolicy(
-        tokens,
-        twilio_auth_token=secrets[twilio_name] if twilio_name else None,
-        allowed_origins=config.webrtc.allowed_origins,
-        public_url=settings.public_url,
-        allow_public=settings.allow_public_without_token,
-        max_failed_auth_per_minute=settings.max_failed_auth_per_minute,
-    )
-
-
-def data_dir_of(registry: AgentRegistry) -> Path:
-    """`server.data_dir`, else $VOICE_AGENT_DATA_DIR, else ./data."""
-    return Path(registry.loaded.config.server.data_dir or os.environ.get(DATA_DIR_ENV) or "data")
-
-
-def open_durable_store(registry: AgentRegistry) -> DurableStore:
-    settings = registry.loaded.config.server
-    return open_store(settings.store, data_dir_of(registry), retention_days=settings.retention_days)
 
 
 def _log_errors(call_id: str) -> Callable[[AuditEvent], None]:
@@ -215,10 +138,7 @@ class VoiceServer:
         self.live = MemoryCallStore(keep_ended=0)
         self.store: DurableStore = store if store is not None else open_durable_store(registry)
         self.pipelines: dict[str, CallPipeline] = {}
-        self._engines: dict[str, Engines] = {}
-        self._shared_stt: dict[tuple[str, tuple[str, ...]], Any] = {}
-        self._shared_turn_models: dict[str, TurnModel] = {}  # by model path: one session each
-        self._shared_tts: dict[str, Any] = {}
+        self.engine_set = EngineSet(registry)
         self._server: Server | None = None
         self._closing = False
         settings = registry.loaded.config.webrtc
@@ -339,83 +259,9 @@ class VoiceServer:
         """The worst of the samples whose median admission reads: a stall the median hides."""
         return max(self._lags, default=0.0) * 1000
 
-    # ---- engines -------------------------------------------------------------------------
-
-    def _phrases(self, agent: CompiledAgent) -> tuple[str, ...]:
-        """What callers are expected to say, for the STT's domain language model.
-
-        A flow agent's intents; for a playbook, every flow's intents in the config (same
-        domain, by the config's design). Backchannels are left out: with them the small LM
-        recognised the booking lines worse (measured on the fixtures).
-        """
-        flows = [a.brain for a in self.registry.agents.values() if isinstance(a.brain, FlowBrain)]
-        if isinstance(agent.brain, FlowBrain):
-            flows = [agent.brain]
-        phrases = [
-            phrase for flow in flows for intent in flow.matcher.intents for phrase in intent.phrases
-        ]
-        return tuple(dict.fromkeys(phrases))
-
     def engines(self, agent: CompiledAgent) -> Engines:
-        """Built once per agent; agents with the same settings share STT and TTS engines."""
-        if agent.name in self._engines:
-            return self._engines[agent.name]
-        voice = agent.config.voice(self.registry.loaded.config.voice)
-        stt_settings: SttSettings = voice.stt
-        # Only pocketsphinx's domain model is built from the intents' phrases: other engines
-        # with the same settings are one pool (Whisper: a model per worker process) for all.
-        domain = stt_settings.provider == "pocketsphinx" and stt_settings.language_model == "domain"
-        phrases = self._phrases(agent) if domain else ()
-        stt_key = (stt_settings.model_dump_json(), phrases)
-        if stt_key not in self._shared_stt:
-            self._shared_stt[stt_key] = make_stt(
-                SttConfig(
-                    provider=stt_settings.provider,
-                    language_model=stt_settings.language_model,
-                    phrases=tuple(stt_settings.phrases),
-                    model=stt_settings.model,
-                    base_url=stt_settings.base_url,
-                    api_key=stt_settings.api_key,
-                    processes=stt_settings.processes,
-                    compute_type=stt_settings.compute_type,
-                    beam_size=stt_settings.beam_size,
-                    threads=stt_settings.threads,
-                    prompt=stt_settings.prompt,
-                ),
-                phrases=phrases,
-            )
-        tts_settings: TtsSettings = voice.tts
-        tts_key = tts_settings.model_dump_json()
-        if tts_key not in self._shared_tts:
-            self._shared_tts[tts_key] = make_tts(
-                TtsConfig(
-                    provider=tts_settings.provider,
-                    voice=tts_settings.voice,
-                    model=tts_settings.model,
-                    base_url=tts_settings.base_url,
-                    api_key=tts_settings.api_key,
-                    speed=tts_settings.speed,
-                )
-            )
-        vad_settings: VadSettings = voice.vad
-        vad_config = VadConfig(
-            provider=vad_settings.provider,
-            aggressiveness=vad_settings.aggressiveness,
-            threshold=vad_settings.threshold,
-        )
-        turn_model: TurnModel | None = None
-        if voice.turn.detector == "smart":
-            if voice.turn.model not in self._shared_turn_models:
-                self._shared_turn_models[voice.turn.model] = load_turn_model(voice.turn.model)
-            turn_model = self._shared_turn_models[voice.turn.model]
-        engines = Engines(
-            make_vad=lambda sample_rate: make_vad(vad_config, sample_rate),
-            stt=self._shared_stt[stt_key],
-            tts=self._shared_tts[tts_key],
-            turn_model=turn_model,
-        )
-        self._engines[agent.name] = engines
-        return engines
+        """The agent's engines (built once; agents with the same settings share them)."""
+        return self.engine_set.engines(agent)
 
     # ---- calls ---------------------------------------------------------------------------
 
@@ -703,13 +549,7 @@ class VoiceServer:
             self._calls_changed.set()
 
     async def start(self) -> None:
-        for agent in self.registry.agents.values():
-            self.engines(agent)
-        # A first decoder costs up to half a second with the full model: pay it before calls.
-        for stt in self._shared_stt.values():
-            warm_up = getattr(stt, "warm_up", None)
-            if warm_up is not None:
-                await warm_up(1)
+        await self.engine_set.start()
         await self.store.start()
         if self.recording:
             # The first PyAV import takes ~0.2 s: pay it now, not on a call.
@@ -785,8 +625,7 @@ class VoiceServer:
             await self.audiosocket.stop()
         await self._server.wait_closed()
         await self.store.aclose()
-        for engine in {*self._shared_tts.values(), *self._shared_stt.values()}:
-            await engine.aclose()
+        await self.engine_set.aclose()
 
     async def serve_until_signal(
         self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)
