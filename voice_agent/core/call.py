@@ -10,8 +10,25 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
+from voice_agent.core.actions import (
+    Action,
+    Audit,
+    CancelAgentTurn,
+    CommitReply,
+    FeedStt,
+    FinishStt,
+    JudgeTurn,
+    PauseStt,
+    RaiseEvent,
+    SendAudio,
+    SendClear,
+    SendMark,
+    StartStt,
+    StartUserTurn,
+    Synthesize,
+    TurnMetrics,
+)
 from voice_agent.core.continuation import join_utterances
 from voice_agent.core.end_of_turn import EndOfTurnConfig, Evidence, silence_needed_ms
 from voice_agent.core.playback import Chunk, PlaybackTracker, Word, estimate_words
@@ -57,114 +74,6 @@ class CoreConfig:
     end_of_turn: EndOfTurnConfig = field(default_factory=EndOfTurnConfig)
     no_input_timeout_ms: int | None = 8000
 
-
-# ---- actions ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartStt:
-    pass
-
-
-@dataclass(slots=True)  # made for every frame of speech: not frozen, see twilio.Media
-class FeedStt:
-    frame: bytes
-
-
-@dataclass(frozen=True)
-class PauseStt:
-    """The caller paused: STT gets no more audio unless they speak again (see TurnStep)."""
-
-
-@dataclass(frozen=True)
-class FinishStt:
-    pass
-
-
-@dataclass(frozen=True)
-class JudgeTurn:
-    """The caller paused: gather the evidence of whether they have finished (the acoustic
-    model's verdict on the turn's audio so far, the words so far) and hand it to
-    `CallCore.turn_judged` with this `pause_id`. Only with an end-of-turn detector."""
-
-    pause_id: int
-
-
-@dataclass(frozen=True)
-class StartUserTurn:
-    """The caller's turn, for the agent to answer. `continues`: the caller went on after a
-    pause the server took for the end of their turn, and `text` is the whole of it, both parts:
-    it replaces that turn (whose reply, if any began, was cut and committed as heard)."""
-
-    text: str
-    continues: bool = False
-
-
-@dataclass(frozen=True)
-class CancelAgentTurn:
-    pass
-
-
-@dataclass(frozen=True)
-class Synthesize:
-    reply_id: int
-    text: str
-
-
-@dataclass(frozen=True)
-class SendAudio:
-    audio: bytes
-
-
-@dataclass(frozen=True)
-class SendMark:
-    name: str
-
-
-@dataclass(frozen=True)
-class SendClear:
-    pass
-
-
-@dataclass(frozen=True)
-class CommitReply:
-    reply_id: int
-    heard: str | None
-
-
-@dataclass(frozen=True)
-class RaiseEvent:
-    name: str
-
-
-@dataclass(frozen=True)
-class Audit:
-    type: str
-    data: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class TurnMetrics:
-    data: dict[str, float | None]
-
-
-Action = (
-    StartStt
-    | FeedStt
-    | PauseStt
-    | FinishStt
-    | JudgeTurn
-    | StartUserTurn
-    | CancelAgentTurn
-    | Synthesize
-    | SendAudio
-    | SendMark
-    | SendClear
-    | CommitReply
-    | RaiseEvent
-    | Audit
-    | TurnMetrics
-)
 
 _START_STT = StartStt()
 _PAUSE_STT = PauseStt()
