@@ -3,8 +3,6 @@ with lark and compiles them once into closures that evaluate cheaply on every tu
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,6 +14,19 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, Un
 from lark.lexer import PatternStr
 
 from voice_agent.errors import ExpressionError
+from voice_agent.runtime.expression_values import (
+    ARITHMETIC,
+    ORDERINGS,
+    LlmKind,
+    coerce_extracted,
+    contains_item,
+    decode_string,
+    equal,
+    is_number,
+    parse_number,
+    truthy,
+    type_name,
+)
 
 __all__ = [
     "MAX_DEPTH",
@@ -30,7 +41,6 @@ __all__ = [
 ]
 
 Dialect = Literal["update", "condition"]
-LlmKind = Literal["boolean", "string", "number"]
 
 #: Longest accepted source text, in characters.
 MAX_LENGTH = 2000
@@ -245,7 +255,7 @@ def evaluate_condition(
     """Parse `source` as a condition (cached), evaluate it and return its truthiness."""
     expression = parse_expression(source, "condition")
     value = expression.evaluate(state, refs=refs, now=now)
-    return _truthy(value, expression.source, None)
+    return truthy(value, expression.source, None)
 
 
 @lru_cache(maxsize=2048)
@@ -378,110 +388,6 @@ def _check_depth(tree: Tree[Token], source: str) -> None:
         stack.extend((child, depth + 1) for child in node.children)
 
 
-# ----------------------------------------------------------------------------- values
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "list"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _truthy(value: Any, source: str, pos: int | None) -> bool:
-    try:
-        return bool(value)
-    except Exception:
-        raise ExpressionError(
-            f"cannot use a {_type_name(value)} as true/false", source=source, position=pos
-        ) from None
-
-
-def _equal(left: Any, right: Any) -> bool:
-    kind = _type_name(left)
-    if kind != _type_name(right):
-        return False
-    if kind == "null":
-        return True
-    return bool(left == right)
-
-
-def _fold(value: Any) -> Any:
-    return value.casefold() if isinstance(value, str) else value
-
-
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "0": "\0"}
-_ESCAPE_RE = re.compile(r"\\(u[0-9A-Fa-f]{4}|.)", re.S)
-
-
-def _decode_string(token: Token, source: str) -> str:
-    body = str(token)[1:-1]
-    if "\\" not in body:
-        return body
-
-    def replace(match: re.Match[str]) -> str:
-        text = match.group(1)
-        if len(text) == 5:
-            return chr(int(text[1:], 16))
-        if text == "u":
-            raise ExpressionError(
-                "bad \\u escape: it needs four hex digits",
-                source=source,
-                position=(token.start_pos or 0) + 1 + match.start(),
-            )
-        return _ESCAPES.get(text, text)
-
-    return _ESCAPE_RE.sub(replace, body)
-
-
-def _parse_number(text: str) -> int | float:
-    if re.fullmatch(r"[+-]?\d+", text):
-        return int(text)
-    number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(text)
-    return number
-
-
-def _coerce_extracted(value: Any, kind: LlmKind, source: str) -> Any:
-    if kind == "number":
-        if _is_number(value):
-            return value
-        if isinstance(value, str):
-            try:
-                return _parse_number(value.strip())
-            except ValueError:
-                pass
-    elif kind == "boolean":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            word = value.strip().lower()
-            if word in ("true", "yes"):
-                return True
-            if word in ("false", "no"):
-                return False
-    elif isinstance(value, str):
-        return value
-    shown = repr(value)
-    if len(shown) > 40:
-        shown = shown[:37] + "..."
-    raise ExpressionError(f"the LLM-extracted value {shown} is not a valid {kind}", source=source)
-
-
 # ----------------------------------------------------------------------------- compiler
 
 
@@ -517,12 +423,12 @@ class _Compiler:
         text = str(token)
         if kind == "NUMBER":
             try:
-                number = _parse_number(text)
+                number = parse_number(text)
             except ValueError:
                 self.fail(f"number {text!r} is out of range", token.start_pos)
             return lambda env: number
         if kind == "STRING":
-            value = _decode_string(token, self.source)
+            value = decode_string(token, self.source)
             return lambda env: value
         if kind in ("TRUE", "FALSE"):
             flag = kind == "TRUE"
@@ -618,10 +524,10 @@ class _Compiler:
                 "(each becomes one tool parameter named after the variable)",
                 llm_token.start_pos,
             )
-        description = _decode_string(children[-1], self.source)
+        description = decode_string(children[-1], self.source)
         self.extraction = LlmExtraction(kind, description)
         source = self.source
-        return lambda env: _coerce_extracted(env.extracted, kind, source)
+        return lambda env: coerce_extracted(env.extracted, kind, source)
 
     def rule_or_expr(self, children: list[Any]) -> _Fn:
         parts = [self.compile(child) for child in children]
@@ -629,7 +535,7 @@ class _Compiler:
 
         def or_(env: _Env) -> bool:
             for part in parts:
-                if _truthy(part(env), source, None):
+                if truthy(part(env), source, None):
                     return True
             return False
 
@@ -641,7 +547,7 @@ class _Compiler:
 
         def and_(env: _Env) -> bool:
             for part in parts:
-                if not _truthy(part(env), source, None):
+                if not truthy(part(env), source, None):
                     return False
             return True
 
@@ -650,7 +556,7 @@ class _Compiler:
     def rule_not_op(self, children: list[Any]) -> _Fn:
         operand = self.compile(children[0])
         source = self.source
-        return lambda env: not _truthy(operand(env), source, None)
+        return lambda env: not truthy(operand(env), source, None)
 
     def rule_cond_op(self, children: list[Any]) -> _Fn:
         return self._choice(children)
@@ -661,7 +567,7 @@ class _Compiler:
     def _choice(self, children: list[Any]) -> _Fn:
         cond, then, otherwise = (self.compile(child) for child in children)
         source = self.source
-        return lambda env: then(env) if _truthy(cond(env), source, None) else otherwise(env)
+        return lambda env: then(env) if truthy(cond(env), source, None) else otherwise(env)
 
     def rule_neg(self, children: list[Any]) -> _Fn:
         minus, operand_node = children
@@ -670,9 +576,9 @@ class _Compiler:
 
         def neg(env: _Env) -> Any:
             value = operand(env)
-            if not _is_number(value):
+            if not is_number(value):
                 raise ExpressionError(
-                    f"cannot negate a {_type_name(value)}", source=source, position=pos
+                    f"cannot negate a {type_name(value)}", source=source, position=pos
                 )
             return -value
 
@@ -683,16 +589,16 @@ class _Compiler:
         left, right = self.compile(left_node), self.compile(right_node)
         source, pos, symbol = self.source, op.start_pos, str(op)
         if op.type in ("EQ", "EQ2"):
-            return lambda env: _equal(left(env), right(env))
+            return lambda env: equal(left(env), right(env))
         if op.type == "NE":
-            return lambda env: not _equal(left(env), right(env))
+            return lambda env: not equal(left(env), right(env))
         if op.type == "COLON":
 
             def contains(env: _Env) -> bool:
-                return _contains(left(env), right(env), source, pos)
+                return contains_item(left(env), right(env), source, pos)
 
             return contains
-        check = _ORDERINGS[op.type]
+        check = ORDERINGS[op.type]
 
         def compare(env: _Env) -> bool:
             a, b = left(env), right(env)
@@ -700,10 +606,10 @@ class _Compiler:
                 # null is neither smaller nor larger than anything, so conditions on unset
                 # parameters are simply false instead of failing the turn.
                 return False
-            if (_is_number(a) and _is_number(b)) or (isinstance(a, str) and isinstance(b, str)):
+            if (is_number(a) and is_number(b)) or (isinstance(a, str) and isinstance(b, str)):
                 return check(a, b)
             raise ExpressionError(
-                f"cannot compare {_type_name(a)} and {_type_name(b)} with {symbol!r}",
+                f"cannot compare {type_name(a)} and {type_name(b)} with {symbol!r}",
                 source=source,
                 position=pos,
             )
@@ -720,7 +626,7 @@ class _Compiler:
         first = self.compile(children[0])
         steps = [
             (
-                _ARITHMETIC[children[i].type],
+                ARITHMETIC[children[i].type],
                 str(children[i]),
                 children[i].start_pos,
                 self.compile(children[i + 1]),
@@ -736,86 +642,3 @@ class _Compiler:
             return value
 
         return run
-
-
-def _type_error(symbol: str, a: Any, b: Any, source: str, pos: int | None) -> NoReturn:
-    raise ExpressionError(
-        f"cannot apply {symbol!r} to {_type_name(a)} and {_type_name(b)}",
-        source=source,
-        position=pos,
-    )
-
-
-def _numbers(symbol: str, a: Any, b: Any, source: str, pos: int | None) -> None:
-    if not (_is_number(a) and _is_number(b)):
-        _type_error(symbol, a, b, source, pos)
-
-
-def _add(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
-    if isinstance(a, str) and isinstance(b, str):
-        return a + b
-    _numbers(symbol, a, b, source, pos)
-    return _checked(lambda: a + b, source, pos)
-
-
-def _sub(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
-    _numbers(symbol, a, b, source, pos)
-    return _checked(lambda: a - b, source, pos)
-
-
-def _mul(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
-    _numbers(symbol, a, b, source, pos)
-    return _checked(lambda: a * b, source, pos)
-
-
-def _div(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
-    _numbers(symbol, a, b, source, pos)
-    if b == 0:
-        raise ExpressionError("division by zero", source=source, position=pos)
-    return _checked(lambda: a / b, source, pos)
-
-
-def _mod(a: Any, b: Any, symbol: str, source: str, pos: int | None) -> Any:
-    _numbers(symbol, a, b, source, pos)
-    if b == 0:
-        raise ExpressionError("division by zero (modulo)", source=source, position=pos)
-    return _checked(lambda: a % b, source, pos)
-
-
-def _checked(compute: Callable[[], Any], source: str, pos: int | None) -> Any:
-    try:
-        return compute()
-    except OverflowError:
-        # Huge integers from the state cannot always be mixed with floats.
-        raise ExpressionError("number too large", source=source, position=pos) from None
-
-
-_ARITHMETIC: dict[str, Callable[[Any, Any, str, str, int | None], Any]] = {
-    "PLUS": _add,
-    "MINUS": _sub,
-    "STAR": _mul,
-    "SLASH": _div,
-    "PERCENT": _mod,
-}
-
-_ORDERINGS: dict[str, Callable[[Any, Any], bool]] = {
-    "LT": lambda a, b: bool(a < b),
-    "LE": lambda a, b: bool(a <= b),
-    "GT": lambda a, b: bool(a > b),
-    "GE": lambda a, b: bool(a >= b),
-}
-
-
-def _contains(container: Any, item: Any, source: str, pos: int | None) -> bool:
-    if container is None:
-        return False
-    if isinstance(container, str):
-        if not isinstance(item, str):
-            _type_error(":", container, item, source, pos)
-        return item.casefold() in container.casefold()
-    if isinstance(container, list | tuple):
-        wanted = _fold(item)
-        return any(_equal(_fold(element), wanted) for element in container)
-    if isinstance(container, Mapping):
-        return isinstance(item, str) and item in container
-    _type_error(":", container, item, source, pos)
