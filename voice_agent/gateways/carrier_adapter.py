@@ -132,6 +132,8 @@ class Carrier:
     and what it can do to the call (a transfer, keys)."""
 
     transport: ClassVar[str]
+    # The carrier can do something to the call (transfer it, at least try): /ws cannot.
+    controls_calls: ClassVar[bool] = True
     sends_keys: ClassVar[bool] = False  # keys_on_stream or send_digits can work
     # The carrier may never report a mark sent after a clear: the server's estimate of when
     # its audio played stands in (carrier_call._MarkClock).

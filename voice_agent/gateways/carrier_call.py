@@ -96,7 +96,8 @@ class _MarkClock:
 
 class CarrierOutbound(SocketOutbound):
     """What the pipeline sends, through the carrier's builders; the carrier's goodbye first
-    when the server ends the call. Transfers go to the carrier (a reason where it has none)."""
+    when the server ends the call. Its call control (the pipeline's `CallControl`, handed to
+    it at the start): transfers and keys go to the carrier, a reason where it has none."""
 
     def __init__(
         self,
@@ -124,6 +125,18 @@ class CarrierOutbound(SocketOutbound):
             # Keys asked for before the hand-over (a menu's choice, then the transfer) go first.
             await asyncio.gather(self._keys, return_exceptions=True)
         return await self.carrier.transfer(self.apis, transfer)
+
+    def send_digits(self, digits: str) -> str | None:
+        """Keys where the carrier takes them (`Carrier.sends_keys`): on the stream, or through
+        its API in the background, one request after another."""
+        if not self.carrier.sends_keys:
+            return f"the {self.carrier.transport} transport cannot send digits"
+        messages = self.carrier.keys_on_stream(digits)
+        if messages is not None:
+            self.write_all(messages)
+            return None
+        self._keys = asyncio.ensure_future(self._press(self._keys, digits))
+        return None
 
     async def _press(self, before: asyncio.Task[None] | None, digits: str) -> None:
         if before is not None:
@@ -166,18 +179,6 @@ class CarrierOutbound(SocketOutbound):
             if self.clock is not None:
                 self.clock.stop()
         super().close(code, reason)
-
-
-class KeypadOutbound(CarrierOutbound):
-    """A carrier's Outbound that can send keys too (`Carrier.sends_keys`): on the stream, or
-    through the carrier's API in the background, one request after another."""
-
-    def send_digits(self, digits: str) -> None:
-        messages = self.carrier.keys_on_stream(digits)
-        if messages is not None:
-            self.write_all(messages)
-            return
-        self._keys = asyncio.ensure_future(self._press(self._keys, digits))
 
 
 class CarrierCall(SocketCall):
@@ -263,8 +264,8 @@ class CarrierCall(SocketCall):
                 carrier.sample_rate * carrier.sample_bytes,
                 self._mark_played,
             )
-        outbound = KeypadOutbound if self.carrier.sends_keys else CarrierOutbound
-        self.outbound = outbound(self.ws, self.carrier, self.clock, self.apis, self._keys_failed)
+        outbound = CarrierOutbound(self.ws, self.carrier, self.clock, self.apis, self._keys_failed)
+        self.outbound = outbound
         try:
             self.pipeline = await self.start_call(
                 transport=self.transport,
@@ -272,7 +273,8 @@ class CarrierCall(SocketCall):
                 args=event.args,
                 call_id=event.call_id,
                 carrier=event.carrier,
-                out=self.outbound,
+                out=outbound,
+                control=outbound if self.carrier.controls_calls else None,
             )
         except VoiceAgentError as exc:
             self.end(f"refused: {exc}")

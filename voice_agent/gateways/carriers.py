@@ -136,6 +136,7 @@ class NativeCarrier(Carrier):
     takes the server's events and is told what went wrong."""
 
     transport = "ws"
+    controls_calls = False  # the client does what it likes with its call
 
     def __init__(self, request_path: str) -> None:
         self.stream = native.NativeStream()

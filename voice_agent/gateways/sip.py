@@ -241,8 +241,9 @@ class SipOutbound:
         # heard, and a BYE makes most phones stop playing at once: it waits a little.
         self._gateway.hang_up(self._call.call_id, reason, after_ms=BYE_AFTER_LAST_AUDIO_MS)
 
-    def send_digits(self, digits: str) -> None:
+    def send_digits(self, digits: str) -> str | None:
         self._media.send_digits(digits)
+        return None
 
     async def transfer(self, transfer: CallTransfer) -> str | None:
         return await self._gateway.transfer(self._call, transfer)
@@ -651,6 +652,7 @@ class SipGateway:
             heard_delay_ms=self.settings.heard_delay_ms,
         )
         carrier = CarrierFormat(call.media.encoding, SAMPLE_RATE)
+        outbound = SipOutbound(self, call, call.media)
         try:
             call.pipeline = await self._start_call(
                 transport=TRANSPORT,
@@ -658,8 +660,9 @@ class SipGateway:
                 args=args,
                 call_id=call_id,
                 carrier=carrier,
-                out=SipOutbound(self, call, call.media),
+                out=outbound,
                 placed=call.outbound,
+                control=outbound,
             )
         except VoiceAgentError as exc:
             reason = f"call could not start: {exc}"

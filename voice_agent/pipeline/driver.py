@@ -19,9 +19,9 @@ from voice_agent.audio.frames import Framer
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import VoiceSettings
 from voice_agent.core import call as core
-from voice_agent.core.callee_hello import QUIET_MS, CalleeHello
+from voice_agent.core.answer_gate import AnswerGate, Begin, GateAction, MessageMayStart, Verdict
 from voice_agent.core.playback import Word
-from voice_agent.core.voicemail import BeepHeard, Human, Machine, VoicemailDetector
+from voice_agent.core.voicemail import VoicemailDetector
 from voice_agent.engines.stt import Stt, SttStream
 from voice_agent.engines.tts import Tts
 from voice_agent.engines.turn import TurnModel
@@ -76,12 +76,13 @@ class Outbound(Protocol):
 
 
 class CallControl(Protocol):
-    """What a transport that can do more than audio offers (voice_agent.runtime.call_control);
-    the pipeline looks for these methods on its Outbound and says so in the audit when they
-    are missing."""
+    """What a transport that can do more than audio offers (voice_agent.runtime.call_control),
+    handed to the pipeline with its Outbound; without one, the audit says the transport
+    cannot."""
 
-    def send_digits(self, digits: str) -> None:
-        """Send keypad digits to the far end, in order."""
+    def send_digits(self, digits: str) -> str | None:
+        """Send keypad digits to the far end, in order; None once on their way (a later
+        failure is the transport's to report), else why not."""
 
     async def transfer(self, transfer: CallTransfer) -> str | None:
         """Hand the call to `transfer.target`; None once it has gone there, else why not (the
@@ -111,15 +112,14 @@ class CallPipeline:
         on_end: Callable[[CallPipeline, str], None] | None = None,
         recorder: CallRecorder | None = None,
         placed: bool = False,
+        control: CallControl | None = None,
     ) -> None:
         self.recorder = recorder
-        # A call the server placed: the agent speaks after the callee's hello (core/callee_hello).
+        self.control = control
+        # A call the server placed: the agent speaks after the callee's hello (core/answer_gate).
         self.placed = placed
-        self._callee: CalleeHello | None = None
-        self._callee_timer: asyncio.TimerHandle | None = None
-        self._voicemail_raised = False
-        self._started = False
-        self._early: list[Human | Machine | BeepHeard] = []  # carrier verdicts before start()
+        self._gate_timer: asyncio.TimerHandle | None = None
+        self._gate_deadline: float | None = None  # what _gate_timer is armed for
         self.session = session
         self.record = record
         self.engines = engines
@@ -182,10 +182,13 @@ class CallPipeline:
         self._hanging_up = False
         self._transfer: CallTransfer | None = None  # once the agent's last line has played
         # The detector runs at the VAD's rate; its tone filters take 8 and 16 kHz.
-        self._machine: VoicemailDetector | None = None
-        self._machine_reason = ""
+        detector = None
         if session.agent.config.answering_machine and self.frame_rate in (8000, 16000):
-            self._machine = VoicemailDetector(self.frame_rate)
+            detector = VoicemailDetector(self.frame_rate)
+        # Who answered and when the agent begins; `_listening` is the gate while it still
+        # takes the caller's frames (the media path's only cost of it: one check a frame).
+        self._gate = AnswerGate(placed=placed, detector=detector)
+        self._listening: AnswerGate | None = self._gate
         hold = session.agent.config.hold
         self._hold_after_s = hold.after_s if hold is not None else 0.0
         self._hold = HoldLoop(hold.audio, carrier) if hold is not None and hold.audio else None
@@ -225,39 +228,42 @@ class CallPipeline:
     # ---- inputs from the transport -------------------------------------------------------
 
     async def start(self) -> None:
-        self._started = True
-        if self.placed:
-            self._callee = CalleeHello(self.now_ms())
-            self.session.audit.add("waiting_for_callee")
-            self._callee_timer = self._loop.call_later(QUIET_MS / 1000, self._callee_quiet)
-            for decision in self._early:
-                self._answering_machine(decision, source="carrier")
-            self._early.clear()
-            return
-        self._begin(greet=True)
+        self._gated(self._gate.start(self.now_ms()))
 
     def _begin(self, *, greet: bool) -> None:
         """The agent's start: its entry steps and, unless a machine answered, its greeting."""
-        self._callee = None
-        if self._callee_timer is not None:
-            self._callee_timer.cancel()
-            self._callee_timer = None
         self.core.agent_turn_started(self.now_ms())
         self._run_turn(self.session.start(greet=greet))
 
-    def _callee_quiet(self) -> None:
+    def _gated(self, actions: list[GateAction]) -> None:
+        """What the answer gate says: the audit told, the agent begun, `voicemail` raised."""
+        for action in actions:
+            if isinstance(action, Begin):
+                self._begin(greet=action.greet)
+            elif isinstance(action, MessageMayStart):
+                data = {"reason": action.reason, "beep": action.beep}
+                self._queue_event(VOICEMAIL_EVENT, data)
+            else:
+                self.session.audit.add(action.type, **action.data)
+        if self._gate.done:
+            self._listening = None
+        deadline = self._gate.next_deadline_ms()
+        if deadline == self._gate_deadline:
+            return  # as it was: this runs for every frame the gate takes
+        self._gate_deadline = deadline
+        if self._gate_timer is not None:
+            self._gate_timer.cancel()
+            self._gate_timer = None
+        if deadline is not None and not self.ended:
+            delay_s = max(0.0, deadline - self.now_ms()) / 1000
+            self._gate_timer = self._loop.call_later(delay_s, self._gate_tick)
+
+    def _gate_tick(self) -> None:
         # No audio came in (a stream that sends none while quiet): the clock decides alone.
-        self._callee_timer = None
-        callee = self._callee
-        if callee is None or self.ended:
-            return
-        if self._machine is not None and callee.heard:
-            return  # the detector is listening to someone: its answer starts the agent
-        if callee.quiet(self.now_ms()):
-            self.session.audit.add("callee_hello", heard=callee.heard)
-            self._begin(greet=True)
-        else:
-            self._callee_timer = self._loop.call_later(0.1, self._callee_quiet)
+        self._gate_timer = None
+        self._gate_deadline = None
+        if not self.ended:
+            self._gated(self._gate.tick(self.now_ms()))
 
     def audio(self, payload: bytes) -> None:
         """Carrier audio, any length: framed into 20 ms for VAD and the core."""
@@ -273,15 +279,11 @@ class CallPipeline:
             is_speech = self.vad.is_speech(frame)
             partial = self._stt.partial() if self._stt is not None else ""
             now_ms = (self._loop.time() - self._t0) * 1000
-            if self._machine is not None:
-                self._answering_machine(self._machine.frame(frame, is_speech, now_ms))
-            callee = self._callee
-            if callee is not None:
-                # The callee's hello, or a machine's greeting, is no user turn.
-                if callee.frame(is_speech, now_ms) and self._machine is None:
-                    self.session.audit.add("callee_hello", heard=callee.heard)
-                    self._begin(greet=True)
-                continue
+            gate = self._listening
+            if gate is not None:
+                self._gated(gate.frame(frame, is_speech, now_ms))
+                if gate.took_frame:
+                    continue  # the callee's hello, or a machine's greeting, is no user turn
             actions = self.core.audio_frame(frame, is_speech, partial, now_ms)
             if actions:
                 self._apply(actions)
@@ -298,8 +300,8 @@ class CallPipeline:
         if self.ended:
             return
         self.ended = True
-        if self._callee_timer is not None:
-            self._callee_timer.cancel()
+        if self._gate_timer is not None:
+            self._gate_timer.cancel()
         self._stop_hold()
         self._apply(self.core.hang_up(self.now_ms()))
         if self.recorder is not None:
@@ -666,62 +668,22 @@ class CallPipeline:
 
     # ---- call control ------------------------------------------------------------------
 
-    def machine_answer(self, decision: Human | Machine | BeepHeard) -> None:
+    def machine_answer(self, decision: Verdict) -> None:
         """The carrier's answering-machine detection (a placed call's status callback): taken
         like the server's own detector's, whichever answers first."""
-        if not self._started:
-            self._early.append(decision)
-        elif not self.ended:
-            self._answering_machine(decision, source="carrier")
-
-    def _answering_machine(
-        self, decision: Human | Machine | BeepHeard | None, source: str = "server"
-    ) -> None:
-        """What the detector says, in the audit; once the message may start, the `voicemail`
-        event (its `reason` why a machine, `beep` whether one was heard). On a placed call
-        still waiting for the callee, a person starts the agent's greeting; a machine keeps it
-        waiting for the message to start, then starts the agent without one."""
-        if decision is None or self._voicemail_raised:
-            return
-        audit = self.session.audit
-        if isinstance(decision, Human):
-            audit.add(
-                "answering_machine",
-                answer="person",
-                after_ms=round(decision.after_ms),
-                source=source,
-            )
-            self._machine = None
-            if self._callee is not None:
-                self._begin(greet=True)
-            return
-        if isinstance(decision, Machine):
-            self._machine_reason = decision.reason
-            audit.add(
-                "answering_machine",
-                answer="machine",
-                reason=decision.reason,
-                after_ms=round(decision.after_ms),
-                source=source,
-            )
-        else:
-            beep = not decision.assumed
-            audit.add("answering_machine", answer="message may start", beep=beep, source=source)
-            self._voicemail_raised = True
-            self._machine = None
-            if self._callee is not None:
-                self._begin(greet=False)
-            self._queue_event(VOICEMAIL_EVENT, {"reason": self._machine_reason, "beep": beep})
-        if self._machine is not None and self._machine.done:
-            self._machine = None
+        if not self.ended:
+            self._gated(self._gate.carrier_verdict(decision))
 
     def _send_digits(self, digits: str) -> None:
-        send = getattr(self.out, "send_digits", None)
-        if send is None:
-            message = f"the {self.record.transport} transport cannot send digits"
-            self.session.audit.add("error", where="send_dtmf", message=message)
+        control = self.control
+        refused = (
+            f"the {self.record.transport} transport cannot send digits"
+            if control is None
+            else control.send_digits(digits)
+        )
+        if refused is not None:
+            self.session.audit.add("error", where="send_dtmf", message=refused)
             return
-        send(digits)
         self.session.audit.add("dtmf_sent", digits=digits)
 
     async def _hand_over(self, transfer: CallTransfer) -> None:
@@ -734,13 +696,13 @@ class CallPipeline:
             target=transfer.target,
             reason=transfer.reason,
         )
-        control = getattr(self.out, "transfer", None)
+        control = self.control
         error: str | None
         if control is None:
             error = f"the {self.record.transport} transport cannot transfer calls"
         else:
             try:
-                error = await control(transfer)
+                error = await control.transfer(transfer)
             except Exception as exc:  # a transport's failure is this call's, never the server's
                 log.exception("transfer of call %s failed", self.session.call_id)
                 error = f"{type(exc).__name__}: {exc}"

@@ -50,7 +50,7 @@ from voice_agent.observability import (
 )
 from voice_agent.observability.worker_metrics import SharedMetrics
 from voice_agent.pipeline.calls import CallRecord, MemoryCallStore, now_iso
-from voice_agent.pipeline.driver import CallPipeline, Engines, Outbound
+from voice_agent.pipeline.driver import CallControl, CallPipeline, Engines, Outbound
 from voice_agent.pipeline.recording import (
     FORMATS,
     CallRecorder,
@@ -275,6 +275,7 @@ class VoiceServer:
         carrier: CarrierFormat,
         out: Outbound,
         placed: bool = False,
+        control: CallControl | None = None,
     ) -> CallPipeline:
         args = dict(args)
         try:
@@ -319,6 +320,7 @@ class VoiceServer:
             on_end=self._call_ended,
             recorder=recorder,
             placed=placed,
+            control=control,
         )
         if dialled is not None:
             for verdict in dialled.verdicts:  # the carrier's, before the stream came
