@@ -20,11 +20,10 @@ from voice_agent.server.auth import (
     AccessPolicy,
     Decision,
     FailureLimiter,
-    check_bind,
     client_address,
-    startup_notices,
     tokens_from_secrets,
 )
+from voice_agent.server.binding import check_bind, startup_notices
 from voice_agent.server.pages import static_response
 
 TOKEN = "tok-9f2c4e7a1b3d5c8e"

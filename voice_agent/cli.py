@@ -89,7 +89,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> int:
     from voice_agent.server.app import VoiceServer
-    from voice_agent.server.auth import check_bind, startup_notices
+    from voice_agent.server.binding import check_bind, startup_notices
     from voice_agent.server.workers import mark_ready
 
     logging.getLogger("websockets.server").setLevel(logging.WARNING)  # one line per HTTP request
