@@ -14,7 +14,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from voice_agent.callers import ManualClock, NativeClient, TwilioClient, _client_frame
+from voice_agent.callers import ManualClock, NativeClient, TwilioClient, client_frame
 from voice_agent.transports import native, twilio
 from voice_agent.transports.errors import ProtocolError, ProtocolWarning, close_reason
 from voice_agent.transports.native import AudioFormat, NativeStream
@@ -617,7 +617,7 @@ def test_callers_write_frames_websockets_reads_back(size: int) -> None:
     # length encoding must come out as `websockets` reads a client's frame.
     payload = (bytes(range(256)) * (size // 256 + 1))[:size]
     reader = StreamReader()
-    reader.feed_data(_client_frame(0x82, payload) + _client_frame(0x81, b"{}"))
+    reader.feed_data(client_frame(0x82, payload) + client_frame(0x81, b"{}"))
     reader.feed_eof()
     frames = []
     for _ in range(2):

@@ -1,20 +1,17 @@
-"""Callers for tests, benchmarks and `voice-agent call`: TwilioClient plays Twilio's side of a
-Media Stream, NativeClient the native `/ws` protocol; both play the server's audio on a clock."""
+"""What every caller shares (voice_agent.callers): the WebSocket it dials, the clock it plays the
+server's audio on, the marks it echoes once their audio has played, the frames it writes."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import heapq
 import itertools
-import json
 import random
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, Self, TypeVar
+from typing import Protocol, Self, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -25,7 +22,6 @@ try:
 except ImportError:  # websockets built without its C extension
     from websockets.utils import apply_mask
 
-from voice_agent.transports.native import AudioFormat
 
 T = TypeVar("T")
 
@@ -46,7 +42,7 @@ _FINAL_BINARY = 0x82
 _mask_keys = random.Random()
 
 
-def _client_frame(first_byte: int, payload: bytes) -> bytes:
+def client_frame(first_byte: int, payload: bytes) -> bytes:
     """One final, masked frame (RFC 6455 section 5.2), as `websockets` writes it for a client;
     the server's own parser checks every byte of it."""
     size = len(payload)
@@ -151,7 +147,7 @@ class _Outgoing:
     done: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
 
 
-class _Caller:
+class Caller:
     """What both callers share: the sender, the playback timeline, marks, clears and waits."""
 
     def __init__(
@@ -301,9 +297,9 @@ class _Caller:
             # slow path, which waits for it to drain.
             ws.send_data()  # anything the protocol has queued (a pong) goes first
             if isinstance(message, str):
-                ws.transport.write(_client_frame(_FINAL_TEXT, message.encode()))
+                ws.transport.write(client_frame(_FINAL_TEXT, message.encode()))
             else:
-                ws.transport.write(_client_frame(_FINAL_BINARY, message))
+                ws.transport.write(client_frame(_FINAL_BINARY, message))
             return
         async with self._send_lock:
             await ws.send(message)
@@ -574,224 +570,3 @@ class _Caller:
         async with asyncio.timeout(self.timeout):
             await self._closed.wait()
         return self.close_code, self.close_reason
-
-
-class TwilioClient(_Caller):
-    """Twilio's side of a bidirectional Media Stream (`<Connect><Stream>`), for tests and load.
-
-    Sends `connected` and `start` (callSid, customParameters: `agent` and the agent's args), then
-    the caller's 8 kHz mu-law in 20 ms `media` messages: paced in real time by default (and
-    silence between `send_audio` calls, as a phone line does), or as fast as possible with
-    `pace=False`. The server's `media` is played at 8000 bytes/s after the audio before it; a
-    `mark` is echoed once everything sent before it has played; a `clear` drops what has not
-    played and returns every pending mark at once.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        call_sid: str = "CA00000000000000000000000000000001",
-        stream_sid: str = "MZ00000000000000000000000000000001",
-        account_sid: str = "AC00000000000000000000000000000001",
-        custom_parameters: Mapping[str, str] | None = None,
-        pace: bool = True,
-        continuous: bool | None = None,
-        clock: Clock | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        send_connected: bool = True,
-    ) -> None:
-        super().__init__(
-            url,
-            bytes_per_second=8000,
-            silence=bytes([MULAW_SILENCE]),
-            pace=pace,
-            continuous=continuous,
-            clock=clock,
-            timeout=timeout,
-        )
-        self.call_sid = call_sid
-        self.stream_sid = stream_sid
-        self.account_sid = account_sid
-        self.custom_parameters = dict(custom_parameters or {})
-        self.send_connected = send_connected
-        self._sid_json = json.dumps(stream_sid)
-        self.messages: list[dict[str, Any]] = []  # every JSON message but media, as received
-        self._sequence = itertools.count(1)
-        self._chunk = itertools.count(1)
-
-    def _envelope(self, event: str, **body: Any) -> str:
-        # Built while holding the send lock, so sequence numbers go out in order.
-        message = {"event": event, "sequenceNumber": str(next(self._sequence)), **body}
-        message["streamSid"] = self.stream_sid
-        return json.dumps(message, separators=(",", ":"))
-
-    async def _open(self, ws: ClientConnection) -> None:
-        if self.send_connected:
-            await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
-        start = {
-            "accountSid": self.account_sid,
-            "streamSid": self.stream_sid,
-            "callSid": self.call_sid,
-            "tracks": ["inbound"],
-            "customParameters": self.custom_parameters,
-            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
-        }
-        await ws.send(self._envelope("start", start=start))
-
-    def _media(self, chunk: bytes) -> str:
-        # What _envelope would build, by hand: 50 of these a second per caller.
-        number = next(self._chunk)
-        return (
-            f'{{"event":"media","sequenceNumber":"{next(self._sequence)}","media":'
-            f'{{"track":"inbound","chunk":"{number}","timestamp":"{(number - 1) * FRAME_MS}",'
-            f'"payload":"{base64.b64encode(chunk).decode()}"}},"streamSid":{self._sid_json}}}'
-        )
-
-    def _mark_echo(self, name: str) -> str:
-        return self._envelope("mark", mark={"name": name})
-
-    def _stop_message(self) -> str:
-        return self._envelope(
-            "stop", stop={"accountSid": self.account_sid, "callSid": self.call_sid}
-        )
-
-    async def send_dtmf(self, digit: str) -> None:
-        await self._send(self._envelope("dtmf", dtmf={"track": "inbound_track", "digit": digit}))
-
-    async def _on_message(self, message: str | bytes, now: float) -> None:
-        if isinstance(message, bytes):
-            self.errors.append(f"binary frame of {len(message)} bytes (Twilio takes JSON text)")
-            return
-        try:
-            data = json.loads(message)
-            event = data["event"]
-        except (ValueError, TypeError, KeyError):
-            self.errors.append(f"not a Twilio message: {message[:80]!r}")
-            return
-        if event != "media":
-            self.messages.append(data)
-        if data.get("streamSid") != self.stream_sid:
-            self.errors.append(f"{event} for streamSid {data.get('streamSid')!r}")
-            return
-        if event == "media":
-            try:
-                audio = binascii.a2b_base64(data["media"]["payload"], strict_mode=True)
-            except (KeyError, TypeError, ValueError, binascii.Error):
-                self.errors.append("media without a valid base64 payload")
-                return
-            self._play(audio, now)
-        elif event == "mark":
-            name = (data.get("mark") or {}).get("name")
-            if not isinstance(name, str):
-                self.errors.append("mark without a name")
-                return
-            self._add_mark(name, now)
-        elif event == "clear":
-            await self._clear(now)
-        else:
-            self.errors.append(f"unknown event {event!r}")
-
-
-class NativeClient(_Caller):
-    """The same caller over the native `/ws` protocol (docs/protocol.md).
-
-    `connect()` sends `start` and, unless `wait_started=False`, returns once `started` arrives
-    (`call_id` is then set). JSON events land in `events`; binary audio is played as in
-    TwilioClient, marks are echoed when played and a `clear` returns every pending mark.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        agent: str | None = None,
-        args: Mapping[str, Any] | None = None,
-        audio: AudioFormat | None = None,
-        pace: bool = True,
-        continuous: bool | None = None,
-        clock: Clock | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        wait_started: bool = True,
-    ) -> None:
-        self.audio = audio or AudioFormat()
-        silence = {"pcm16": b"\x00\x00", "mulaw": bytes([MULAW_SILENCE])}
-        super().__init__(
-            url,
-            bytes_per_second=self.audio.bytes_per_second,
-            silence=silence.get(self.audio.encoding, bytes([ALAW_SILENCE])),
-            pace=pace,
-            continuous=continuous,
-            clock=clock,
-            timeout=timeout,
-        )
-        self.agent = agent
-        self.args = dict(args or {})
-        self.wait_started = wait_started
-        self.call_id: str | None = None
-        self.events: list[dict[str, Any]] = []  # every JSON event, in order
-
-    async def _open(self, ws: ClientConnection) -> None:
-        start: dict[str, Any] = {"type": "start", "args": self.args, "audio": self.audio.as_json()}
-        if self.agent is not None:
-            start["agent"] = self.agent
-        await ws.send(json.dumps(start))
-        if self.wait_started:
-            async with asyncio.timeout(self.timeout):
-                reply = await ws.recv()
-            event = json.loads(reply) if isinstance(reply, str) else {}
-            if event.get("type") != "started":
-                raise ConnectionError(f"expected a started event, got {str(reply)[:200]}")
-            self.events.append(event)
-            self.call_id = event.get("call_id")
-
-    def _media(self, chunk: bytes) -> bytes:
-        return chunk
-
-    def _mark_echo(self, name: str) -> str:
-        return json.dumps({"type": "mark", "name": name})
-
-    def _stop_message(self) -> str:
-        return '{"type":"stop"}'
-
-    async def send_dtmf(self, digit: str) -> None:
-        await self._send(json.dumps({"type": "dtmf", "digit": digit}))
-
-    async def send_json(self, message: Mapping[str, Any]) -> None:
-        """Any message, for tests of the server's validation."""
-        await self._send(json.dumps(message))
-
-    async def _on_message(self, message: str | bytes, now: float) -> None:
-        if isinstance(message, bytes):
-            if len(message) % self.audio.sample_width:
-                self.errors.append(f"audio frame of {len(message)} bytes splits a sample")
-            self._play(message, now)
-            return
-        try:
-            event = json.loads(message)
-            kind = event["type"]
-        except (ValueError, TypeError, KeyError):
-            self.errors.append(f"not a native event: {message[:80]!r}")
-            return
-        self.events.append(event)
-        if kind == "started" and self.call_id is None:
-            self.call_id = event.get("call_id")
-        elif kind == "mark":
-            self._add_mark(str(event.get("name")), now)
-        elif kind == "clear":
-            await self._clear(now)
-
-    def events_of(self, kind: str) -> list[dict[str, Any]]:
-        return [event for event in self.events if event.get("type") == kind]
-
-    async def wait_event(
-        self,
-        kind: str,
-        match: Callable[[dict[str, Any]], bool] | None = None,
-    ) -> dict[str, Any]:
-        """Wait for the first event of type `kind` (that `match` accepts) and return it."""
-
-        def found() -> dict[str, Any] | None:
-            return next((e for e in self.events_of(kind) if match is None or match(e)), None)
-
-        return await self.wait_until(found, f"a {kind} event")
