@@ -1,8 +1,8 @@
 """What a transfer's or a placed call's destination may be: the one pattern the config, the
 control API (`POST /calls`) and Plivo's signed transfer all check.
 
-Kept out of `runtime/` so that `config.py`, which every layer imports, depends on nothing above
-it.
+Kept out of `runtime/` so that the config schema, which every layer imports, depends on
+nothing above it.
 """
 
 from __future__ import annotations

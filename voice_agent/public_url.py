@@ -1,7 +1,7 @@
 """The server's public base URL: the one check the config and the access policy both make.
 
-Kept out of `server/` so that `config.py`, which every layer imports, depends on nothing above
-it.
+Kept out of `server/` so that the config schema, which every layer imports, depends on nothing
+above it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,173 @@
+"""The telephony settings: SIP (listeners, trunks, media), AudioSocket's routes, and the carriers'
+APIs for call control and placed calls."""
+
+from __future__ import annotations
+
+import ipaddress
+import uuid
+from typing import Any, Literal, get_args
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from voice_agent.config.base import (
+    Strict,
+    split_host_port,
+)
+
+DigestAlgorithm = Literal["MD5", "SHA-256"]
+
+
+class SipTrunk(Strict):
+    """Where calls the server places go (`POST /calls`): a SIP trunk or PBX taking INVITEs."""
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        split_host_port(value)  # ValueError says what is wrong
+        return value
+
+    address: str  # "HOST:PORT" of the trunk (an IP address: no DNS lookups)
+    # Digest credentials, if the trunk challenges: the user name and the secret holding the
+    # password.
+    username: str | None = None
+    password_secret: str | None = None
+    caller_id: str = "voice-agent"  # the From user part: the number the callee sees
+    ring_timeout_s: float = Field(default=45.0, gt=0, le=300)
+    calls_per_minute: int = Field(default=10, ge=1)  # placed calls, a guard against abuse
+
+
+class SipSettings(Strict):
+    """SIP calls straight from a trunk or a PBX (docs/telephony.md); off unless `listen` or
+    `serve --sip` gives an address."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)  # ValueError says what is wrong
+        return value
+
+    @field_validator("allowed_sources")
+    @classmethod
+    def _sources(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            ipaddress.ip_network(item, strict=False)  # ValueError names the bad one
+        return value
+
+    @model_validator(mode="after")
+    def _ports(self) -> SipSettings:
+        if self.rtp_port_max < self.rtp_port_min:
+            raise ValueError(
+                f"rtp_port_max {self.rtp_port_max} is below rtp_port_min {self.rtp_port_min}"
+            )
+        return self
+
+    listen: str | None = None  # "HOST:PORT", e.g. "0.0.0.0:5060"
+    # The address callers reach this server at, for Contact and SDP: needed when `listen` is
+    # 0.0.0.0 or behind NAT.
+    public_address: str | None = None
+    rtp_port_min: int = Field(default=20000, ge=1024, le=65535)
+    rtp_port_max: int = Field(default=20999, ge=1024, le=65535)
+    # Networks (CIDR or single addresses) whose INVITEs are taken; None takes any source.
+    allowed_sources: list[str] | None = None
+    # Digest credentials for INVITEs: user name -> name of the secret holding the password.
+    credentials: dict[str, str] = Field(default_factory=dict)
+    realm: str = "voice-agent"
+    # Offered in this order (many clients take the first); ["SHA-256"] refuses MD5.
+    digest_algorithms: list[DigestAlgorithm] = Field(
+        default_factory=lambda: list(get_args(DigestAlgorithm)), min_length=1
+    )
+    # Which agent takes a call: this header's value if present, else `numbers` for the dialled
+    # user part, else an agent of that name, else the default agent.
+    agent_header: str | None = None
+    numbers: dict[str, str] = Field(default_factory=dict)
+    # SIP headers that become agent args: header name -> arg name (e.g. X-Customer: customer).
+    headers: dict[str, str] = Field(default_factory=dict)
+    # Audio sent is taken as heard this much later (network and the caller's jitter buffer).
+    heard_delay_ms: float = Field(default=60.0, ge=0, le=1000)
+    # Ring (180) this long before answering; 0 answers at once.
+    answer_after_ms: float = Field(default=0.0, ge=0, le=60_000)
+    trunk: SipTrunk | None = None  # for calls the server places; none: POST /calls is off
+
+
+class AudioSocketRoute(Strict):
+    agent: str | None = None  # None: the default agent
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class AudioSocketSettings(Strict):
+    """Asterisk AudioSocket calls (AudioSocket() / Dial(AudioSocket/...)); off unless `listen`."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, value: dict[str, AudioSocketRoute]) -> dict[str, AudioSocketRoute]:
+        for key in value:
+            uuid.UUID(key)  # ValueError names it
+        return value
+
+    listen: str | None = None  # "HOST:PORT", e.g. "10.0.0.5:9092"
+    # The call's UUID (the dialplan's ${UUID} or a fixed one per agent) -> agent and args.
+    routes: dict[str, AudioSocketRoute] = Field(default_factory=dict)
+
+
+class TwilioApi(Strict):
+    """Calls placed through Twilio (`POST /calls` with `via: twilio`); the credentials are
+    server.twilio_api_key / twilio_api_secret (or twilio_auth_token), as for transfers."""
+
+    account_sid: str
+    caller_id: str  # the From number: one of the account's Twilio numbers
+
+
+class TelnyxApi(Strict):
+    """Telnyx's Call Control API v2: transfers and keys on /telnyx calls, and placed calls."""
+
+    api_key_secret: str  # the name of the secret holding the API v2 key (Bearer)
+    api_url: str = "https://api.telnyx.com"
+    connection_id: str | None = None  # the Call Control application placed calls go out on
+    caller_id: str | None = None  # the From number for placed calls
+    # The portal's webhook public key (base64 Ed25519): callbacks are checked against it.
+    webhook_public_key: str | None = None
+
+
+class PlivoApi(Strict):
+    """Plivo's REST API: transfers on /plivo calls, and placed calls (keys go on the stream)."""
+
+    auth_id: str
+    auth_token_secret: str  # the name of the secret holding the auth token
+    api_url: str = "https://api.plivo.com"
+    caller_id: str | None = None  # the From number for placed calls
+
+
+class VonageApi(Strict):
+    """Vonage's Voice API: transfers and keys on /vonage calls (JWT signed with the
+    application's private key)."""
+
+    application_id: str
+    private_key_secret: str  # the name of the secret holding the application's PEM key
+    api_url: str = "https://api.nexmo.com"
+
+
+class CarrierApis(Strict):
+    """The carriers' REST APIs, for call control on their streams and for placed calls
+    (docs/telephony.md); each is off until configured."""
+
+    twilio: TwilioApi | None = None
+    telnyx: TelnyxApi | None = None
+    plivo: PlivoApi | None = None
+    vonage: VonageApi | None = None
+    # Ask the carrier for its answering-machine detection on placed calls whose agent has
+    # `answering_machine: true`; its verdict raises `voicemail` like the server's own detector.
+    carrier_amd: bool = False
+    ring_timeout_s: float = Field(default=45.0, gt=0, le=300)  # placed calls ring this long
+    calls_per_minute: int = Field(default=10, ge=1)  # calls placed through carriers, all told
