@@ -110,6 +110,7 @@ from typing import Any
 
 import orjson
 
+from voice_agent.transports.chunk_reorder import REORDER_WINDOW, ChunkReorder
 from voice_agent.transports.errors import (
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
@@ -144,8 +145,6 @@ MAX_MEDIA_PAYLOAD_BYTES = 6400
 MAX_MESSAGE_CHARS = 32_768
 # For the server's `websockets` max_size: above the codec's own limit even for non-ASCII text.
 WEBSOCKET_MAX_SIZE = 4 * MAX_MESSAGE_CHARS
-REORDER_WINDOW = 5  # chunks held per track while one is missing: 100 ms of 20 ms frames
-CHUNK_RESET_DISTANCE = 50  # a chunk this far (1 s) behind the expected one restarts the count
 MAX_TRACKS = 2  # inbound and outbound: the tracks `both_tracks` streams
 MAX_EARLY_MEDIA = REORDER_WINDOW  # media frames before start dropped before it is an error
 MIN_OUTBOUND_MS = 20  # Telnyx takes RTP media messages of 20 ms to 30 s
@@ -286,112 +285,6 @@ def _string_map(parent: Mapping[str, Any], key: str, path: str) -> dict[str, str
     return dict(value)
 
 
-class ChunkReorder:
-    """One track's reorder window over `media.chunk` (see the module docstring).
-
-    `push` returns what can go out now, in chunk order, with a `ProtocolWarning` for each
-    duplicate, late chunk or gap given up; at most `window` chunks are ever held.
-    """
-
-    def __init__(
-        self, *, window: int = REORDER_WINDOW, reset_distance: int = CHUNK_RESET_DISTANCE
-    ) -> None:
-        if window < 1:
-            raise ValueError("the reorder window holds at least one chunk")
-        self.window = window
-        self.reset_distance = reset_distance
-        self.expected: int | None = None  # the next chunk to go out
-        self._held: dict[int, Media] = {}
-        self._lost: set[int] = set()  # chunks given up for lost, within reset_distance
-
-    @property
-    def held(self) -> int:
-        return len(self._held)
-
-    def takes_now(self, chunk: int) -> bool:
-        """Whether `chunk` would go straight out (the fast path's test)."""
-        return not self._held and (self.expected is None or chunk == self.expected)
-
-    def advance(self, chunk: int) -> None:
-        """Record that `chunk`, for which `takes_now` held, went out."""
-        self.expected = chunk + 1
-
-    def push(self, media: Media) -> list[Media | ProtocolWarning]:
-        chunk, expected = media.chunk, self.expected
-        if expected is None:
-            self.expected = chunk + 1
-            return [media]
-        if chunk < expected:
-            if expected - chunk > self.reset_distance:
-                restarted = self.flush()
-                restarted.append(
-                    ProtocolWarning(
-                        "chunk_reset",
-                        f"media chunk {chunk} of track {media.track[:20]!r} after {expected - 1}:"
-                        " numbering restarted",
-                    )
-                )
-                self.expected = chunk + 1
-                restarted.append(media)
-                return restarted
-            if chunk in self._lost:
-                self._lost.discard(chunk)
-                what = "late_chunk", "arrived after its gap was given up"
-            else:
-                what = "duplicate_chunk", "already played"
-            return [self._dropped(media, *what)]
-        if chunk in self._held:
-            return [self._dropped(media, "duplicate_chunk", "already held")]
-        if chunk == expected:
-            self.expected = chunk + 1
-            return [media, *self._drain()]
-        self._held[chunk] = media
-        out: list[Media | ProtocolWarning] = []
-        while len(self._held) >= self.window:
-            first = min(self._held)
-            gap_from = self.expected if self.expected is not None else first
-            out.append(
-                ProtocolWarning(
-                    "chunk_gap",
-                    f"{first - gap_from} media chunk(s) of track {media.track[:20]!r} missing"
-                    f" before {first}: given up after {self.window} later ones",
-                )
-            )
-            self._forget_lost(first)
-            self._lost.update(range(max(gap_from, first - self.reset_distance), first))
-            self.expected = first
-            out.extend(self._drain())
-        return out
-
-    def flush(self) -> list[Media | ProtocolWarning]:
-        """Everything held, in chunk order (gaps skipped): the stream is ending."""
-        out: list[Media | ProtocolWarning] = [self._held[c] for c in sorted(self._held)]
-        if self._held:
-            self.expected = max(self._held) + 1
-        self._held.clear()
-        return out
-
-    def _drain(self) -> list[Media | ProtocolWarning]:
-        out: list[Media | ProtocolWarning] = []
-        expected = self.expected
-        while expected is not None and expected in self._held:
-            out.append(self._held.pop(expected))
-            expected += 1
-        self.expected = expected
-        return out
-
-    def _forget_lost(self, now: int) -> None:
-        floor = now - self.reset_distance
-        if self._lost:
-            self._lost = {c for c in self._lost if c >= floor}
-
-    @staticmethod
-    def _dropped(media: Media, kind: str, why: str) -> ProtocolWarning:
-        return ProtocolWarning(
-            kind, f"media chunk {media.chunk} of track {media.track[:20]!r} dropped: {why}"
-        )
-
-
 class TelnyxStream(JsonMediaStream[TelnyxEvent]):
     """One Media Streaming WebSocket's inbound side: feed it each text message, get events back.
 
@@ -415,7 +308,7 @@ class TelnyxStream(JsonMediaStream[TelnyxEvent]):
         self.connected: Connected | None = None
         self.start: Start | None = None
         self._stream_id = ""
-        self._tracks: dict[str, ChunkReorder] = {}
+        self._tracks: dict[str, ChunkReorder[Media]] = {}
         self._early_media = 0
 
     @property
@@ -476,8 +369,8 @@ class TelnyxStream(JsonMediaStream[TelnyxEvent]):
             return self._stop(message)
         return None
 
-    def _new_reorder(self) -> ChunkReorder:
-        return ChunkReorder(window=self.reorder_window)
+    def _new_reorder(self) -> ChunkReorder[Media]:
+        return ChunkReorder[Media](window=self.reorder_window)
 
     def _check_stream(self, message: Mapping[str, Any], event: str) -> int:
         """The message's sequence_number, once its stream_id is checked to be this stream's."""
