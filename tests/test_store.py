@@ -18,8 +18,9 @@ import pytest
 from tests.support.postgres import postgres_cluster, postgres_url  # noqa: F401  (fixtures)
 from voice_agent.server.drain import REASON as DRAIN_REASON
 from voice_agent.store import OUTCOMES, CallStore, open_store, outcome_for
-from voice_agent.store.base import INTERRUPTED_REASON, Batch, merge_lines
+from voice_agent.store.base import INTERRUPTED_REASON
 from voice_agent.store.postgres import PostgresCallStore
+from voice_agent.store.rows import Batch, merge_lines
 from voice_agent.store.sqlite import SqliteCallStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,14 +16,8 @@ from typing import Any
 
 import asyncpg
 
-from voice_agent.store.base import (
-    LIVE,
-    Batch,
-    CallFilter,
-    CallStore,
-    WorkerInfo,
-    event_from_row,
-)
+from voice_agent.store.base import LIVE, CallStore, event_from_row
+from voice_agent.store.rows import Batch, CallFilter, WorkerInfo
 
 POOL_SIZE = 4
 # A hung connection must not stall the writer for good: the batch fails, is kept and retried.

@@ -22,14 +22,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from voice_agent.store.base import (
-    LIVE,
-    Batch,
-    CallFilter,
-    CallStore,
-    WorkerInfo,
-    event_from_row,
-)
+from voice_agent.store.base import LIVE, CallStore, event_from_row
+from voice_agent.store.rows import Batch, CallFilter, WorkerInfo
 
 T = TypeVar("T")
 
