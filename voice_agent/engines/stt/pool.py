@@ -16,28 +16,31 @@ import itertools
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from enum import Enum
-from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from voice_agent.engines.stt.base import SAMPLE_RATE, SttError, Transcript, require_rate
 from voice_agent.engines.stt.domain_lm import DomainLm
 from voice_agent.engines.stt.pocketsphinx import (
-    NOISE_SEED,
-    DecoderPool,
-    UtteranceDecoder,
-    create_decoder,
     default_max_idle,
     pocketsphinx_options,
+)
+from voice_agent.engines.stt.pool_worker import (
+    CANCEL,
+    END,
+    FINAL,
+    MORE,
+    PARTIAL,
+    PAUSE,
+    PAUSED,
+    WorkerSettings,
 )
 from voice_agent.engines.stt.whisper import WhisperOptions
 
@@ -46,10 +49,6 @@ log = logging.getLogger(__name__)
 # Set by `voice-agent serve --workers N` in each server process (voice_agent/cli.py).
 SERVER_WORKERS_ENV = "VOICE_AGENT_WORKERS"
 
-# What follows a stream's audio in a batch; of two in one batch, the larger wins.
-_MORE, _PAUSE, _END, _CANCEL = 0, 1, 2, 3
-# Events from a worker, per stream.
-_PARTIAL, _FINAL, _ERROR, _PAUSED = 0, 1, 2, 3
 
 # A worker that lived shorter than this before dying is restarted after a growing delay
 # (0.5 s doubling to 30 s), so a worker that cannot start does not spin.
@@ -61,7 +60,7 @@ _MAX_BACKOFF_S = 30.0
 # ~1.8 s and ~55 MB more per worker); sys.path is the server's, so it finds the same code.
 _WORKER_CODE = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-    "from voice_agent.engines.stt.pool import worker_main; "
+    "from voice_agent.engines.stt.pool_worker import worker_main; "
     "worker_main(int(sys.argv[2]), int(sys.argv[3]))"
 )
 
@@ -80,142 +79,7 @@ def default_processes() -> int:
     return max(1, cores // servers)
 
 
-class _Utterance(Protocol):
-    """One stream's decoding in a worker: pocketsphinx's UtteranceDecoder, WhisperUtterance."""
-
-    partial: str
-
-    def feed(self, chunk: bytes) -> str: ...
-    def pause(self) -> str: ...
-    def end(self) -> Transcript: ...
-    def drop(self) -> None: ...
-    def discard(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class _WorkerSettings:
-    options: dict[str, Any]  # pocketsphinx Config parameters, the LM and dictionary by path
-    max_idle: int
-    noise_floor_db: float | None
-    warm: int  # decoders made as the worker starts
-    nice: int
-    whisper: WhisperOptions | None = None  # set: the worker runs Whisper, not pocketsphinx
-
-
-# -- the worker process ---------------------------------------------------------------------------
-
-
-def worker_main(read_fd: int, write_fd: int) -> None:
-    """A worker process's entry: decode batches from `read_fd`, reply on `write_fd`."""
-    # Ctrl-C in a terminal reaches the whole process group, and so does SIGTERM from systemd
-    # (its default KillMode) or `kill -- -PGID`; the server then drains its live calls, which
-    # still need their decoders. The server decides when we stop: it closes our pipe.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    requests = Connection(read_fd, writable=False)
-    results = Connection(write_fd, readable=False)
-    try:
-        _serve(requests, results)
-    except (EOFError, BrokenPipeError):
-        pass  # the server process is gone: so are its calls
-
-
-def _serve(requests: Connection, results: Connection) -> None:
-    _, settings = requests.recv()
-    try:
-        os.nice(settings.nice)
-    except OSError:  # a negative value needs privileges: run at the server's priority
-        pass
-    pool: DecoderPool | None = None
-    try:
-        if settings.whisper is not None:
-            from voice_agent.engines.stt.whisper import WhisperDecoder, WhisperUtterance
-
-            new_utterance: Callable[[], _Utterance] = partial(
-                WhisperUtterance, WhisperDecoder(settings.whisper)
-            )
-        else:
-            pool = DecoderPool(
-                partial(create_decoder, settings.options), max_idle=settings.max_idle
-            )
-            pool.fill(settings.warm)
-            # Slicing bounds GIL stalls in-process; a worker has no loop to keep waiting.
-            new_utterance = partial(
-                UtteranceDecoder,
-                pool,
-                slice_bytes=1 << 30,
-                noise_floor_db=settings.noise_floor_db,
-                # The in-process engine's seed: the same audio gives the same text either way.
-                seed=NOISE_SEED,
-            )
-    except Exception as e:
-        results.send(("failed", str(e)))
-        return
-    results.send(("ready", os.getpid()))
-    utterances: dict[int, _Utterance | None] = {}  # None: failed, error reported
-    while True:
-        message = requests.recv()
-        if message[0] == "batch":
-            events = _decode_batch(message[1], utterances, new_utterance)
-            if events:
-                results.send(("events", events))
-        elif message[0] == "warm":
-            try:
-                if pool is not None:  # a Whisper worker's one model is loaded at start
-                    pool.fill(message[1])
-                results.send(("warmed", None))
-            except Exception as e:
-                results.send(("warmed", str(e)))
-        elif message[0] == "stop":
-            return
-
-
-def _decode_batch(
-    batch: list[tuple[int, bytes, int]],
-    utterances: dict[int, _Utterance | None],
-    new_utterance: Callable[[], _Utterance],
-) -> list[tuple[int, int, Any]]:
-    events: list[tuple[int, int, Any]] = []
-    for sid, pcm, op in batch:
-        if op == _CANCEL:
-            cancelled = utterances.pop(sid, None)
-            if cancelled is not None:
-                try:
-                    cancelled.drop()
-                except Exception:
-                    cancelled.discard()
-            continue
-        if sid not in utterances:
-            utterances[sid] = new_utterance()
-        utterance = utterances[sid]
-        if utterance is None:  # failed earlier: the rest of its audio is dropped
-            if op == _END:
-                del utterances[sid]
-            continue
-        try:
-            before = utterance.partial
-            if pcm:
-                utterance.feed(pcm)
-            if op == _PAUSE:
-                utterance.pause()
-                # Answered whatever the text: the server awaits it (PoolStream.speculation).
-                events.append((sid, _PAUSED, utterance.partial))
-            elif utterance.partial != before and op != _END:
-                events.append((sid, _PARTIAL, utterance.partial))
-            if op == _END:
-                del utterances[sid]
-                events.append((sid, _FINAL, utterance.end()))
-        except Exception as e:
-            utterance.discard()
-            if op == _END:
-                utterances.pop(sid, None)
-            else:
-                utterances[sid] = None
-            events.append((sid, _ERROR, f"pocketsphinx decoding failed: {e}"))
-    return events
-
-
-# -- the server side ------------------------------------------------------------------------------
+# -- the server side (the worker process is pool_worker.py) -------------------------------------
 
 
 class _State(Enum):
@@ -259,7 +123,7 @@ class PoolStream:
     def pause(self) -> None:
         if self._state is _State.OPEN:
             self._pauses_sent += 1
-            self._send(_PAUSE)
+            self._send(PAUSE)
 
     async def speculation(self) -> str | None:
         if self._pauses_answered < self._pauses_sent and self._outcome is None:
@@ -273,7 +137,7 @@ class PoolStream:
     async def finish(self) -> Transcript:
         if self._state is _State.OPEN:
             self._state = _State.FINISHING
-            self._send(_END)
+            self._send(END)
         while self._outcome is None:
             if self._waiter is None or self._waiter.done():
                 self._waiter = self.loop.create_future()
@@ -286,7 +150,7 @@ class PoolStream:
         if self._state is _State.CANCELLED or self._outcome is not None:
             return
         self._state = _State.CANCELLED
-        self._send(_CANCEL)  # the worker frees the decoder
+        self._send(CANCEL)  # the worker frees the decoder
         self._settle(Transcript(""))
 
     def _send(self, op: int) -> None:
@@ -316,14 +180,14 @@ class PoolStream:
     def _event(self, kind: int, data: Any) -> None:
         if self._outcome is not None:
             return
-        if kind == _PAUSED:
+        if kind == PAUSED:
             self._partial = data
             self._pauses_answered += 1
             if self._pauses_answered >= self._pauses_sent:
                 self._wake_pause_waiter()
-        elif kind == _PARTIAL:
+        elif kind == PARTIAL:
             self._partial = data
-        elif kind == _FINAL:
+        elif kind == FINAL:
             self._settle(data)
         else:
             log.error("speech recognition worker %s: %s", self.pid, data)
@@ -468,11 +332,11 @@ class _Worker:
             if isinstance(item, bytes):
                 chunks.setdefault(sid, []).append(item)
             else:
-                ops[sid] = max(ops.get(sid, _MORE), item)  # a cancel overrides an end
+                ops[sid] = max(ops.get(sid, MORE), item)  # a cancel overrides an end
         batch = []
         for sid in {**chunks, **ops}:
-            op = ops.get(sid, _MORE)
-            audio = b"" if op == _CANCEL else b"".join(chunks.get(sid, ()))
+            op = ops.get(sid, MORE)
+            audio = b"" if op == CANCEL else b"".join(chunks.get(sid, ()))
             batch.append((sid, audio, op))
         return batch
 
@@ -622,7 +486,7 @@ class ProcessPoolStt:
         if self.processes < 1:
             raise SttError(f"a process pool needs at least one process, not {self.processes}")
         self.batch_s = max(10, batch_ms) / 1000
-        self.settings = _WorkerSettings(
+        self.settings = WorkerSettings(
             # The domain LM was built (or found in the cache) here: workers load it by path.
             options={} if whisper else pocketsphinx_options(domain_lm, decoder_options),
             max_idle=default_max_idle(domain_lm) if max_idle is None else max_idle,
