@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from tests.support import placed_calls as placed
-from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
-from tests.support.placed_calls import MESSAGE, add_reminder_agent, on_control_port
+from tests.support.configs import GREETING, serving
+from tests.support.placed_calls import MESSAGE, on_control_port
 from tests.test_carrier_call_control import StandIn
 from tests.test_carrier_calls_telnyx_plivo import (
     FakePlivo,
@@ -46,8 +46,7 @@ TELNYX_KEY = "KEY0123456789abcdef"
 PLIVO_ID, PLIVO_TOKEN = "MAXXXXXXXXXXXXXXXXXX", "plivo-token-123"
 CONNECTION = "1494404757140276705"
 TOKEN = "control-token-2"
-PUBLIC = "https://voice.example.com"
-CONTROL_PUBLIC = "https://control.example.com:8444"
+CONTROL_PUBLIC = placed.CONTROL_PUBLIC
 BAD_NUMBER = "+15005550001"
 SIGNING_KEY = Ed25519PrivateKey.generate()  # the portal's key pair, for this test run
 PUBLIC_KEY = base64.b64encode(
@@ -108,15 +107,9 @@ async def carriers() -> AsyncIterator[CarrierCalls]:
 async def server(
     tmp_path_factory: pytest.TempPathFactory, carriers: CarrierCalls
 ) -> AsyncIterator[VoiceServer]:
-    path = default_config_with(
+    path = placed.placing_config(
         tmp_path_factory.mktemp("carriers-placed"),
-        voice=QUICK_VOICE,
-        server={
-            "api_tokens": ["control"],
-            "control_listen": "127.0.0.1:0",
-            "public_url": PUBLIC,
-            "control_public_url": CONTROL_PUBLIC,
-        },
+        server={},
         carriers={
             "telnyx": {
                 "api_key_secret": "telnyx_key",
@@ -134,7 +127,6 @@ async def server(
             "carrier_amd": True,
         },
     )
-    add_reminder_agent(path)
     secrets = {"control": TOKEN, "telnyx_key": TELNYX_KEY, "plivo_token": PLIVO_TOKEN}
     async for voice_server in serving(path, secrets=secrets):
         yield voice_server

@@ -24,8 +24,8 @@ import pytest_asyncio
 from aiohttp import web
 
 from tests.support import placed_calls as placed
-from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, serving
-from tests.support.placed_calls import MESSAGE, add_reminder_agent, on_control_port
+from tests.support.configs import GREETING, serving
+from tests.support.placed_calls import MESSAGE, on_control_port
 from tests.test_carrier_call_control import StandIn
 from tests.test_sip_calls import spoken_ulaw
 from voice_agent.callcontrol.twilio_rest import twilio_signature
@@ -38,8 +38,7 @@ API_KEY, API_SECRET = "SK" + "b" * 32, "api-secret-456"
 AUTH_TOKEN = "auth-token-789"
 ACCOUNT = "AC" + "2" * 32
 CALLER_ID = "+14155550100"
-PUBLIC = "https://voice.example.com"  # where "Twilio" is told the streams go
-CONTROL_PUBLIC = "https://control.example.com:8444"  # and the callbacks
+CONTROL_PUBLIC = placed.CONTROL_PUBLIC
 TOKEN = "control-token-1"
 BAD_NUMBER = "+15005550001"  # Twilio's test number for "invalid"
 
@@ -83,14 +82,9 @@ async def twilio() -> AsyncIterator[TwilioCalls]:
 async def server(
     tmp_path_factory: pytest.TempPathFactory, twilio: TwilioCalls
 ) -> AsyncIterator[VoiceServer]:
-    path = default_config_with(
+    path = placed.placing_config(
         tmp_path_factory.mktemp("twilio-placed"),
-        voice=QUICK_VOICE,
         server={
-            "api_tokens": ["control"],
-            "control_listen": "127.0.0.1:0",
-            "public_url": PUBLIC,
-            "control_public_url": CONTROL_PUBLIC,
             "twilio_auth_token": "twilio_auth_token",
             "twilio_api_key": API_KEY,
             "twilio_api_secret": "twilio_api_secret",
@@ -102,7 +96,6 @@ async def server(
             "ring_timeout_s": 30,
         },
     )
-    add_reminder_agent(path)
     secrets = {
         "control": TOKEN,
         "twilio_auth_token": AUTH_TOKEN,

@@ -13,9 +13,12 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from tests.support.configs import QUICK_VOICE, default_config_with
 from voice_agent.server.app import VoiceServer
 
 MESSAGE = "Hi, this is Bella Vista with a reminder of your booking tonight. Goodbye."
+PUBLIC = "https://voice.example.com"  # where the carrier is told the streams go
+CONTROL_PUBLIC = "https://control.example.com:8444"  # and its callbacks
 
 
 def add_reminder_agent(config: Path) -> None:
@@ -27,6 +30,26 @@ def add_reminder_agent(config: Path) -> None:
     reminder["flow"].setdefault("events", {})["voicemail"] = {"say": MESSAGE, "end_call": True}
     data["agents"]["reminder"] = reminder
     config.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def placing_config(folder: Path, *, server: dict[str, Any], carriers: dict[str, Any]) -> Path:
+    """The default config of a server that places calls through `carriers`: the control API on
+    a port of its own behind the `control` token's secret, public URLs for streams and
+    callbacks, quick voice engines, and the reminder agent; `server` adds to its settings."""
+    path = default_config_with(
+        folder,
+        voice=QUICK_VOICE,
+        server={
+            "api_tokens": ["control"],
+            "control_listen": "127.0.0.1:0",
+            "public_url": PUBLIC,
+            "control_public_url": CONTROL_PUBLIC,
+            **server,
+        },
+        carriers=carriers,
+    )
+    add_reminder_agent(path)
+    return path
 
 
 async def place(server: VoiceServer, token: str, body: dict[str, Any]) -> httpx.Response:
