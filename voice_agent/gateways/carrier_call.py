@@ -279,11 +279,11 @@ class CarrierCall(SocketCall):
         except VoiceAgentError as exc:
             self.end(f"refused: {exc}")
             log.warning("%s call refused: %s", self.transport, refusal_text(exc))
-            self.outbound.tell_peer("bad_start", refusal_text(exc))
-            self.outbound.close(POLICY_VIOLATION, close_reason(refusal_text(exc)))
+            outbound.tell_peer("bad_start", refusal_text(exc))
+            outbound.close(POLICY_VIOLATION, close_reason(refusal_text(exc)))
             return
         call_id = self.pipeline.session.call_id
-        self.outbound.write_all(self.carrier.started_messages(call_id, event.agent))
+        outbound.write_all(self.carrier.started_messages(call_id, event.agent))
         await self.pipeline.start()
 
     async def run(self) -> None:
