@@ -218,7 +218,8 @@ async def open_call(server: VoiceServer, name: str) -> Call:
 
 
 def feed(call: Call, texts: list[str]) -> None:
-    """What twilio_endpoint does with each message, minus the socket."""
+    """What the /twilio driver (gateways/carrier_call.py) does with each message, minus the
+    socket."""
     stream, pipeline = call.stream, call.pipeline
     for text in texts:
         for event in stream.receive(text):

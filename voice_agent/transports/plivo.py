@@ -1,7 +1,8 @@
 """Plivo Audio Streams (bidirectional) as a sans-I/O codec: Plivo's JSON text messages in, typed
 events out, and the `playAudio` / `checkpoint` / `clearAudio` messages Plivo takes back.
 
-Shaped like `voice_agent.transports.twilio`, so an endpoint is written the way `_TwilioCall` is:
+Shaped like `voice_agent.transports.twilio`, so its adapter (gateways/carriers.py) reads like
+Twilio's:
 `checkpoint` is Twilio's `mark` and its answer `playedStream` comes out as a `Mark` event;
 `clearAudio` is `clear`.
 

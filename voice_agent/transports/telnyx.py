@@ -1,7 +1,8 @@
 """Telnyx Media Streaming (bidirectional, RTP mode) as a sans-I/O codec: Telnyx's JSON text
 messages in, typed events out, and the `media` / `mark` / `clear` messages Telnyx takes back.
 
-Shaped like `voice_agent.transports.twilio`, so an endpoint is written the way `_TwilioCall` is.
+Shaped like `voice_agent.transports.twilio`, so its adapter (gateways/carriers.py) reads like
+Twilio's.
 
 What this follows (read from the stored copies of Telnyx's pages; none shows a date or a
 document version, the protocol's own version is the `"version": "1.0.0"` of `connected`):
