@@ -56,7 +56,7 @@ from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.audio.resample import resample
 from voice_agent.gateways import carrier_call
 from voice_agent.server.app import VoiceServer
-from voice_agent.transports import exotel, jambonz, vonage
+from voice_agent.transports import exotel_chunks, jambonz, vonage
 
 # The calls share the module's server, and so its event loop.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -477,12 +477,12 @@ class FakeExotel(FakeCarrier):
         await self.wait_until("the server to close after stop", lambda: self.closed)
 
     def assert_framing(self) -> None:
-        limits = exotel.chunk_limits(self.rate)
+        limits = exotel_chunks.chunk_limits(self.rate)
         assert (limits.multiple, limits.min_bytes) == (320, 3200)
         assert self.audio_sizes, "no media"
         bad = [size for size in self.audio_sizes if not limits.valid(size)]
         assert not bad, bad
-        assert max(self.audio_sizes) <= exotel.MAX_CHUNK_BYTES
+        assert max(self.audio_sizes) <= exotel_chunks.MAX_CHUNK_BYTES
         assert not self.unexpected
 
 

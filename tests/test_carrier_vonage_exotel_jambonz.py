@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voice_agent.transports import exotel, jambonz, vonage
+from voice_agent.transports import exotel, exotel_chunks, jambonz, vonage
 from voice_agent.transports.errors import (
     MESSAGE_TOO_BIG,
     POLICY_VIOLATION,
@@ -366,8 +366,8 @@ def test_exotel_16k_start_chunks_in_20ms_frames() -> None:
     start["start"]["media_format"]["sample_rate"] = "16000"
     stream = exotel_stream(start)
     assert stream.start is not None and stream.start.sample_rate == 16000
-    assert exotel.chunk_limits(16000) == exotel.ChunkLimits(640, 3200, 99_840)
-    assert exotel.chunk_limits(24000) == exotel.ChunkLimits(960, 3840, 99_840)
+    assert exotel_chunks.chunk_limits(16000) == exotel_chunks.ChunkLimits(640, 3200, 99_840)
+    assert exotel_chunks.chunk_limits(24000) == exotel_chunks.ChunkLimits(960, 3840, 99_840)
     assert stream.chunk_bytes == 3200
     assert stream.max_payload_bytes == 32_000
 
@@ -477,27 +477,27 @@ def test_exotel_builders_match_the_documented_shapes() -> None:
 )
 def test_exotel_media_chunks(size: int, sizes: list[int]) -> None:
     audio = pcm(size)
-    chunks = exotel.media_chunks(audio)
+    chunks = exotel_chunks.media_chunks(audio)
     assert [len(c) for c in chunks] == sizes
     assert b"".join(chunks) == audio + bytes(sum(sizes) - size)
 
 
 def test_exotel_media_chunks_large_and_invalid_sizes() -> None:
     audio = pcm(250_000)
-    chunks = exotel.media_chunks(audio, chunk_bytes=99_840)
+    chunks = exotel_chunks.media_chunks(audio, chunk_bytes=99_840)
     assert [len(c) for c in chunks] == [99_840, 99_840, 50_560]
     # A remainder too big to join the chunk before it takes audio from it instead.
-    chunks = exotel.media_chunks(pcm(99_840 + 10), chunk_bytes=99_840)
+    chunks = exotel_chunks.media_chunks(pcm(99_840 + 10), chunk_bytes=99_840)
     assert [len(c) for c in chunks] == [96_960, 3200]
     assert b"".join(chunks) == pcm(99_840 + 10) + bytes(310)
     with pytest.raises(ValueError):
-        exotel.media_chunks(audio, chunk_bytes=4096)  # not a multiple of 320
+        exotel_chunks.media_chunks(audio, chunk_bytes=4096)  # not a multiple of 320
     with pytest.raises(ValueError):
-        exotel.media_chunks(audio, chunk_bytes=102_400)  # over 100 000
+        exotel_chunks.media_chunks(audio, chunk_bytes=102_400)  # over 100 000
     with pytest.raises(ValueError):
-        exotel.media_chunks(audio, chunk_bytes=2880)  # under 3200
+        exotel_chunks.media_chunks(audio, chunk_bytes=2880)  # under 3200
     with pytest.raises(ValueError):
-        exotel.media_chunks(audio, sample_rate=44100)
+        exotel_chunks.media_chunks(audio, sample_rate=44100)
 
 
 @FAST
@@ -507,10 +507,10 @@ def test_exotel_media_chunks_large_and_invalid_sizes() -> None:
     frames=st.integers(1, 160),
 )
 def test_exotel_chunks_are_always_what_exotel_takes(rate: int, size: int, frames: int) -> None:
-    limits = exotel.chunk_limits(rate)
+    limits = exotel_chunks.chunk_limits(rate)
     chunk = min(limits.max_bytes, max(limits.min_bytes, frames * limits.multiple))
     audio = pcm(size)
-    chunks = exotel.media_chunks(audio, sample_rate=rate, chunk_bytes=chunk)
+    chunks = exotel_chunks.media_chunks(audio, sample_rate=rate, chunk_bytes=chunk)
     for piece in chunks:
         assert len(piece) % 320 == 0 and len(piece) % (rate // 25) == 0
         assert 3200 <= len(piece) <= 100_000
