@@ -54,6 +54,7 @@ from voice_agent.gateways.asterisk_ws import (
 )
 from voice_agent.gateways.media_socket import MediaConnection
 from voice_agent.server.app import VoiceServer
+from voice_agent.transports import asterisk_commands as commands
 from voice_agent.transports import asterisk_ws as codec
 from voice_agent.transports.errors import ProtocolError, ProtocolWarning
 
@@ -626,15 +627,15 @@ def test_parse_control_explains_what_is_wrong(text: str, code: int, reason: str)
 
 
 def test_commands_in_the_connections_form() -> None:
-    assert codec.mark_media("plain-text", "m1") == "MARK_MEDIA m1"
-    assert codec.mark_media("json", "m1") == '{"command":"MARK_MEDIA","correlation_id":"m1"}'
-    assert codec.flush_media("json") == '{"command":"FLUSH_MEDIA"}'
-    assert codec.hangup("plain-text") == "HANGUP"
-    assert codec.stop_media_buffering("plain-text") == "STOP_MEDIA_BUFFERING"
+    assert commands.mark_media("plain-text", "m1") == "MARK_MEDIA m1"
+    assert commands.mark_media("json", "m1") == '{"command":"MARK_MEDIA","correlation_id":"m1"}'
+    assert commands.flush_media("json") == '{"command":"FLUSH_MEDIA"}'
+    assert commands.hangup("plain-text") == "HANGUP"
+    assert commands.stop_media_buffering("plain-text") == "STOP_MEDIA_BUFFERING"
     with pytest.raises(ValueError, match="correlation id"):
-        codec.mark_media("plain-text", "two words")
+        commands.mark_media("plain-text", "two words")
     with pytest.raises(ValueError, match="correlation id"):
-        codec.mark_media("json", "m" * (codec.MAX_CORRELATION_ID + 1))
+        commands.mark_media("json", "m" * (commands.MAX_CORRELATION_ID + 1))
     stream = codec.AsteriskStream()
     with pytest.raises(ProtocolError, match="before MEDIA_START"):
         stream.receive_text("MEDIA_XOFF")
@@ -735,7 +736,7 @@ async def test_outbound_splits_media_below_asterisks_message_limit() -> None:
     out, ws, _ = stub_outbound()
     out.audio(b"\x05" * 160 * 60)  # 1.2 s
     sizes = [len(m) for m in ws.sent if isinstance(m, bytes)]
-    assert sizes == [4000, 4000, 1600] and max(sizes) <= codec.MAX_MEDIA_MESSAGE_BYTES
+    assert sizes == [4000, 4000, 1600] and max(sizes) <= commands.MAX_MEDIA_MESSAGE_BYTES
 
 
 async def test_outbound_estimates_playout_without_marks() -> None:
