@@ -89,10 +89,8 @@ class TwilioCarrier(Carrier):
         return self.stream.media_payload(message) if message.__class__ is str else None
 
     def receive(self, message: Message) -> list[CallEvent]:
-        if isinstance(message, bytes):
-            self.stream.receive_bytes(message)  # raises: Twilio sends text only
         out: list[CallEvent] = []
-        for event in self.stream.receive(cast(str, message)):
+        for event in self.stream.receive_message(message):
             if isinstance(event, twilio.Media):
                 out.append(Heard(event.payload))
             elif isinstance(event, twilio.Mark):
@@ -203,11 +201,9 @@ class _FramedJson(Carrier):
         return audio
 
     def receive(self, message: Message) -> list[CallEvent]:
-        if isinstance(message, bytes):
-            self.stream.receive_bytes(message)  # raises: these carriers send text only
         codec = self.codec
         out: list[CallEvent] = []
-        for event in self.stream.receive(cast(str, message)):
+        for event in self.stream.receive_message(message):
             if isinstance(event, codec.Media):
                 if event.track == codec.INBOUND_TRACK:
                     out.append(Heard(event.payload))
@@ -384,10 +380,8 @@ class ExotelCarrier(Carrier):
         self.request_path = request_path
 
     def receive(self, message: Message) -> list[CallEvent]:
-        if isinstance(message, bytes):
-            self.stream.receive_bytes(message)  # raises: Exotel sends text only
         out: list[CallEvent] = []
-        for event in self.stream.receive(cast(str, message)):
+        for event in self.stream.receive_message(message):
             if isinstance(event, exotel.Media):
                 out.append(Heard(event.payload))
             elif isinstance(event, exotel.Mark):

@@ -71,6 +71,12 @@ class JsonMediaStream(Generic[EventT]):
             kind="binary_frame",
         )
 
+    def receive_message(self, message: str | bytes) -> list[EventT | ProtocolWarning]:
+        """One WebSocket message as it came: text to `receive`, a binary one refused."""
+        if isinstance(message, bytes):
+            self.receive_bytes(message)
+        return self.receive(message)
+
     def receive(self, text: str) -> list[EventT | ProtocolWarning]:
         message = json_message(text, self.max_message_chars)
         event = message.get("event")
