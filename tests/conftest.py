@@ -14,7 +14,7 @@ from aiohttp import web
 from tests.support.openai_server import OpenAIStandIn
 from voice_agent.agents.registry import AgentRegistry
 from voice_agent.runtime.secrets import Secrets
-from voice_agent.runtime.session import AgentEvent, AgentSpeech, AgentSpeechEnd
+from voice_agent.runtime.turn_events import AgentEvent, AgentSpeech, AgentSpeechEnd
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MEASUREMENTS: list[str] = []

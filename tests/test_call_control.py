@@ -15,7 +15,8 @@ from tests.support.openai_server import OpenAIStandIn, Reply
 from voice_agent.agents.registry import AgentRegistry
 from voice_agent.errors import ConfigError
 from voice_agent.runtime.call_control import CallTransfer, SendDigits
-from voice_agent.runtime.session import AgentEvent, AgentSpeech, CallEnd, CallSession
+from voice_agent.runtime.session import CallSession
+from voice_agent.runtime.turn_events import AgentEvent, AgentSpeech, CallEnd
 
 DESTINATIONS = {"front_desk": "sip:desk@192.0.2.10", "manager": "+14155550199"}
 

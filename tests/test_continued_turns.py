@@ -8,7 +8,8 @@ from pathlib import Path
 
 from tests.support.configs import default_config_with
 from voice_agent.agents.registry import AgentRegistry
-from voice_agent.runtime.session import AgentEvent, AgentSpeech, CallSession
+from voice_agent.runtime.session import CallSession
+from voice_agent.runtime.turn_events import AgentEvent, AgentSpeech
 
 
 async def spoken(stream: AsyncIterator[AgentEvent]) -> str:

@@ -12,7 +12,8 @@ import yaml
 
 from tests.support.configs import default_config_with
 from voice_agent.agents.registry import AgentRegistry
-from voice_agent.runtime.session import AgentEvent, AgentSpeech, CallSession
+from voice_agent.runtime.session import CallSession
+from voice_agent.runtime.turn_events import AgentEvent, AgentSpeech
 
 TRIGGERS = """
 import asyncio

@@ -12,7 +12,8 @@ from typing import Any
 from tests.conftest import SECRET_VALUE, WeatherServer, speech
 from tests.support.openai_server import OpenAIStandIn, Reply
 from voice_agent.agents.registry import AgentRegistry
-from voice_agent.runtime.session import AgentSpeech, CallSession
+from voice_agent.runtime.session import CallSession
+from voice_agent.runtime.turn_events import AgentSpeech
 
 
 def tool_names(request: dict[str, Any]) -> list[str]:

@@ -11,13 +11,8 @@ from typing import Any, TextIO
 from voice_agent.agents.registry import AgentRegistry
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.runtime.call_control import CallTransfer, SendDigits
-from voice_agent.runtime.session import (
-    AgentEvent,
-    AgentSpeech,
-    AgentSpeechEnd,
-    CallEnd,
-    CallSession,
-)
+from voice_agent.runtime.session import CallSession
+from voice_agent.runtime.turn_events import AgentEvent, AgentSpeech, AgentSpeechEnd, CallEnd
 
 _SHOWN = {
     "tool_call",

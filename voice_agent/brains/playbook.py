@@ -11,8 +11,8 @@ from voice_agent.config import LlmConfig
 from voice_agent.engines.openai_http import load_sdk
 from voice_agent.errors import LlmError
 from voice_agent.runtime.conversation import ToolCallRecord
-from voice_agent.runtime.session import AgentEvent, StepOutcome
 from voice_agent.runtime.templates import render
+from voice_agent.runtime.turn_events import AgentEvent, StepOutcome
 
 if TYPE_CHECKING:
     from voice_agent.runtime.session import CallSession

@@ -39,13 +39,8 @@ from voice_agent.runtime.call_control import (
     CallTransfer,
     SendDigits,
 )
-from voice_agent.runtime.session import (
-    AgentEvent,
-    AgentSpeech,
-    AgentSpeechEnd,
-    CallEnd,
-    CallSession,
-)
+from voice_agent.runtime.session import CallSession
+from voice_agent.runtime.turn_events import AgentEvent, AgentSpeech, AgentSpeechEnd, CallEnd
 
 log = logging.getLogger("voice_agent.call")
 

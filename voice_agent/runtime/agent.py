@@ -14,11 +14,13 @@ from voice_agent.runtime.functions import FunctionModule, LocalTool
 from voice_agent.runtime.intent_match import MatchesIntents, MatchResult
 from voice_agent.runtime.remote_tools import RemoteAction, RemoteTool
 from voice_agent.runtime.secrets import Secrets
+from voice_agent.runtime.transitions import transfer_tool_schema
 from voice_agent.runtime.update_state import UpdateStateTool
 
 if TYPE_CHECKING:
     from voice_agent.runtime.expressions import Expression
-    from voice_agent.runtime.session import AgentEvent, CallSession, StepOutcome
+    from voice_agent.runtime.session import CallSession
+    from voice_agent.runtime.turn_events import AgentEvent, StepOutcome
 
 
 class Brain(Protocol):
@@ -88,27 +90,6 @@ class CompiledAgent:
         if self.config.send_dtmf:
             schemas.append(send_dtmf_schema())
         return schemas
-
-
-def transfer_tool_schema(targets: list[str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": "transfer_to_agent",
-            "description": "Hand the conversation over to another agent.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "agent": {"type": "string", "enum": list(targets)},
-                    "args": {
-                        "type": "object",
-                        "description": "Values to pass to the new agent's state.",
-                    },
-                },
-                "required": ["agent"],
-            },
-        },
-    }
 
 
 class FlowHandle:

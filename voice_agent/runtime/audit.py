@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,20 @@ class AuditLog:
         for listener in self._listeners:
             listener(event)
         return event
+
+    def state_change(
+        self, before: Mapping[str, Any], after: Mapping[str, Any], source: str
+    ) -> None:
+        """A `state_change` event with the keys whose values differ (a key added or removed
+        differs too), if any do; `source` names what changed them."""
+        missing = object()
+        diff = {
+            key: {"old": before.get(key), "new": after.get(key)}
+            for key in set(before) | set(after)
+            if before.get(key, missing) != after.get(key, missing)
+        }
+        if diff:
+            self.add("state_change", source=source, diff=diff)
 
     @property
     def events(self) -> tuple[AuditEvent, ...]:

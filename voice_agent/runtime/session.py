@@ -8,16 +8,13 @@ barge-in can stop a turn by closing the generator. Time comes from injected cloc
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import copy
-import functools
-import inspect
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -37,77 +34,27 @@ from voice_agent.runtime.conversation import (
     Conversation,
     ToolCallRecord,
 )
-from voice_agent.runtime.implicit import ActionHandle, Effects, FunctionScope, current_scope
+from voice_agent.runtime.implicit import ActionHandle, Effects, FunctionScope
+from voice_agent.runtime.invocation import Invocation, run_in_scope
 from voice_agent.runtime.secrets import Redactor, Secrets
 from voice_agent.runtime.signature import bind_arguments
 from voice_agent.runtime.templates import render
+from voice_agent.runtime.transitions import TRANSFER_TOOL, check_agent_transfer
 from voice_agent.runtime.triggers import TriggerKind
+from voice_agent.runtime.turn_events import (
+    ActionResult,
+    AgentEvent,
+    AgentSpeech,
+    AgentSpeechEnd,
+    StepOutcome,
+    result_json,
+)
 from voice_agent.runtime.update_state import evaluate_updates
 
 if TYPE_CHECKING:
     from voice_agent.runtime.agent import Agents, CompiledAgent
 
-TRANSFER_TOOL = "transfer_to_agent"
 MAX_EVENT_DEPTH = 4
-
-
-@dataclass(frozen=True)
-class AgentSpeech:
-    """A piece of agent speech, in order; the voice side sends it to TTS as it comes."""
-
-    reply_id: int
-    text: str
-
-
-@dataclass(frozen=True)
-class AgentSpeechEnd:
-    """The reply is complete; until commit_reply() it is provisional in the context."""
-
-    reply_id: int
-    text: str
-
-
-@dataclass(frozen=True)
-class CallEnd:
-    reason: str
-
-
-AgentEvent = AgentSpeech | AgentSpeechEnd | CallEnd | CallTransfer | SendDigits
-
-
-@dataclass
-class StepOutcome:
-    """What happened while triggers, overrides and actions ran; the brain reads it to go on."""
-
-    responded: bool = False
-    overridden: bool = False
-    transferred: bool = False
-    call_ended: bool = False
-
-    @property
-    def ends_turn(self) -> bool:
-        return self.call_ended or (self.responded and not self.overridden)
-
-
-@dataclass(frozen=True)
-class ActionResult:
-    ok: bool
-    content: str  # the tool message the LLM reads (redacted JSON)
-    value: Any = None
-    error: str | None = None  # redacted, for a caller that wants to say what went wrong
-
-
-@dataclass
-class Invocation:
-    ok: bool
-    value: Any = None
-    error: str | None = None
-    effects: Effects = field(default_factory=Effects)
-
-
-def _result_json(value: Any) -> str:
-    payload = value if isinstance(value, dict) else {"result": value}
-    return json.dumps(payload, ensure_ascii=False, default=str)
 
 
 @dataclass(frozen=True)
@@ -271,13 +218,10 @@ class CallSession:
         start = self._turn_start
         if start is None or start.actions_run != self._actions_run or start.agent is not self.agent:
             return False
-        before = dict(self.state)
-        self.state.clear()
-        self.state.update(start.state)
+        self._replace_state(start.state, "continued turn")
         self.flow_page = dict(start.flow_page)
         self.started_agents = set(start.started_agents)
         self.last_action = dict(start.last_action)
-        self._audit_state_diff(before, self.state, "continued turn")
         return True
 
     async def event(self, name: str, **data: Any) -> AsyncIterator[AgentEvent]:
@@ -394,15 +338,6 @@ class CallSession:
 
     # ---- triggers and effects ------------------------------------------------------------
 
-    def _refs(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        refs: dict[str, Any] = {"$request.session-id": self.call_id}
-        if self.last_action:
-            refs["$last-action.name"] = self.last_action.get("name")
-            refs["$last-action.status"] = self.last_action.get("status")
-        if extra:
-            refs.update(extra)
-        return refs
-
     async def run_triggers(
         self,
         kind: TriggerKind,
@@ -415,10 +350,12 @@ class CallSession:
         module = self.agent.functions
         if module is None:
             return
-        extra = dict(refs or {})
-        for key, value in (data or {}).items():
-            extra[f"$event.{key}"] = value
-        all_refs = self._refs(extra)
+        all_refs: dict[str, Any] = {"$request.session-id": self.call_id}
+        if self.last_action:
+            all_refs["$last-action.name"] = self.last_action.get("name")
+            all_refs["$last-action.status"] = self.last_action.get("status")
+        all_refs.update(refs or {})
+        all_refs.update({f"$event.{key}": value for key, value in (data or {}).items()})
         for trigger in module.triggers_of(kind, event):
             if trigger.condition is not None:
                 try:
@@ -557,7 +494,7 @@ class CallSession:
                 control = SendDigits(check_digits(call.arguments.get("digits")))
                 value = {"sent": control.digits}
             elif call.name == TRANSFER_TOOL and agent.config.transitions:
-                transfer_to = self._check_transfer(call.arguments)
+                transfer_to = check_agent_transfer(agent.config.transitions, call.arguments)
                 value = {"transferred_to": transfer_to[0]}
             elif call.name in agent.update_tools:
                 value = self._apply_update_tool(call.name, call.arguments)
@@ -582,7 +519,7 @@ class CallSession:
         if error is not None:
             content = json.dumps({"error": self.redactor.text(error)}, ensure_ascii=False)
         else:
-            content = self.redactor.text(_result_json(value))
+            content = self.redactor.text(result_json(value))
         self.audit.add(
             "tool_call",
             name=call.name,
@@ -604,17 +541,6 @@ class CallSession:
             async for item in self.transfer(*transfer_to, outcome):
                 yield item
 
-    def _check_transfer(self, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        target = arguments.get("agent")
-        allowed = self.agent.config.transitions
-        if target not in allowed:
-            raise ToolError(f"agent must be one of {allowed}, not {target!r}")
-        args = arguments.get("args") or {}
-        if not isinstance(args, dict):
-            raise ToolError("args must be an object")
-        extra = {k: v for k, v in arguments.items() if k not in ("agent", "args")}
-        return str(target), {**args, **extra}
-
     def _apply_update_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         tool = self.agent.update_tools[name]
         values = tool.evaluate(self.state, arguments, self.now())
@@ -634,19 +560,13 @@ class CallSession:
     def set_state(self, values: Mapping[str, Any], *, source: str) -> None:
         before = {key: self.state.get(key) for key in values}
         self.state.update(values)
-        self._audit_state_diff(before, dict(values), source)
+        self.audit.state_change(before, values, source)
 
-    def _audit_state_diff(
-        self, before: Mapping[str, Any], after: Mapping[str, Any], source: str
-    ) -> None:
-        missing = object()
-        diff = {
-            key: {"old": before.get(key), "new": after.get(key)}
-            for key in set(before) | set(after)
-            if before.get(key, missing) != after.get(key, missing)
-        }
-        if diff:
-            self.audit.add("state_change", source=source, diff=diff)
+    def _replace_state(self, values: Mapping[str, Any], source: str) -> None:
+        before = dict(self.state)
+        self.state.clear()
+        self.state.update(values)
+        self.audit.state_change(before, self.state, source)
 
     # ---- running user code -------------------------------------------------------------
 
@@ -659,26 +579,17 @@ class CallSession:
         timeout (whose thread may still be running) leaves the call's state as it was.
         """
         self._actions_run += 1
-        loop = asyncio.get_running_loop()
-        scope = FunctionScope(self, copy.deepcopy(self.state), self.secrets, loop)
-        ctx = contextvars.copy_context()
-        ctx.run(current_scope.set, scope)
-        timeout = self.agent.config.function_timeout_s
-        try:
-            if inspect.iscoroutinefunction(fn):
-                task = loop.create_task(fn(**kwargs), context=ctx)
-                value = await asyncio.wait_for(task, timeout)
-            else:
-                call = functools.partial(ctx.run, fn, **kwargs)
-                value = await asyncio.wait_for(loop.run_in_executor(self.executor, call), timeout)
-        except TimeoutError:
-            return Invocation(False, error=f"{name} timed out after {timeout:g} s")
-        except ToolError as exc:
-            return Invocation(False, error=exc.message)
-        except Exception as exc:
-            return Invocation(False, error=f"{type(exc).__name__}: {exc}")
-        before = dict(self.state)
-        self.state.clear()
-        self.state.update(scope.state)
-        self._audit_state_diff(before, self.state, name)
-        return Invocation(True, value, effects=scope.effects)
+        scope = FunctionScope(
+            self, copy.deepcopy(self.state), self.secrets, asyncio.get_running_loop()
+        )
+        invocation = await run_in_scope(
+            fn,
+            kwargs,
+            scope,
+            executor=self.executor,
+            timeout_s=self.agent.config.function_timeout_s,
+            name=name,
+        )
+        if invocation.ok:
+            self._replace_state(scope.state, name)
+        return invocation

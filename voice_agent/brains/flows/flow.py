@@ -24,8 +24,8 @@ from voice_agent.errors import ConfigError, ExpressionError, ToolError
 from voice_agent.runtime.call_control import CallTransfer, SendDigits, check_digits
 from voice_agent.runtime.conversation import ToolCallRecord
 from voice_agent.runtime.expressions import Expression, parse_expression
-from voice_agent.runtime.session import ActionResult, AgentEvent, CallEnd, StepOutcome
 from voice_agent.runtime.templates import render
+from voice_agent.runtime.turn_events import ActionResult, AgentEvent, CallEnd, StepOutcome
 from voice_agent.runtime.update_state import compile_updates, evaluate_updates
 
 if TYPE_CHECKING:

@@ -1,0 +1,68 @@
+"""What an agent's turn yields and what a step of it did: the vocabulary the session, its brains
+(flows, playbooks) and the voice pipeline share.
+
+A turn is an async generator of `AgentEvent`s: speech as it comes (for TTS at once), the end of
+a reply, the end of the call, and the call control the agent asked for (`CallTransfer`,
+`SendDigits`, from runtime/call_control.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from voice_agent.runtime.call_control import CallTransfer, SendDigits
+
+
+@dataclass(frozen=True)
+class AgentSpeech:
+    """A piece of agent speech, in order; the voice side sends it to TTS as it comes."""
+
+    reply_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class AgentSpeechEnd:
+    """The reply is complete; until commit_reply() it is provisional in the context."""
+
+    reply_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class CallEnd:
+    reason: str
+
+
+AgentEvent = AgentSpeech | AgentSpeechEnd | CallEnd | CallTransfer | SendDigits
+
+
+@dataclass
+class StepOutcome:
+    """What happened while triggers, overrides and actions ran; the brain reads it to go on."""
+
+    responded: bool = False
+    overridden: bool = False
+    transferred: bool = False
+    call_ended: bool = False
+
+    @property
+    def ends_turn(self) -> bool:
+        return self.call_ended or (self.responded and not self.overridden)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    content: str  # the tool message the LLM reads (redacted JSON)
+    value: Any = None
+    error: str | None = None  # redacted, for a caller that wants to say what went wrong
+
+
+def result_json(value: Any) -> str:
+    """An action's value as the tool message's JSON: an object as it is, anything else under
+    "result"."""
+    payload = value if isinstance(value, dict) else {"result": value}
+    return json.dumps(payload, ensure_ascii=False, default=str)
