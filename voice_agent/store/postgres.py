@@ -1,10 +1,11 @@
 """The call store on PostgreSQL, for several hosts sharing one database; driver: asyncpg.
 
-Same tables as the SQLite store, in Postgres types: timestamptz for the start time, jsonb for
-state, context, events and metrics. The writer is the base class's asyncio task; each batch is
-one transaction of `executemany`s on a pooled connection, so nothing blocks the event loop.
-Heartbeats use the database's clock, so hosts with skewed clocks judge one another alike.
-Text search is a LIKE on the case-folded transcript, as in SQLite, so both behave the same.
+Same tables as the SQLite store (store/schema.py), in Postgres types: timestamptz for the start
+time, jsonb for state, context, events and metrics. The writer is the base class's asyncio
+task; each batch is one transaction of `executemany`s on a pooled connection, so nothing
+blocks the event loop. Heartbeats use the database's clock, so hosts with skewed clocks judge
+one another alike. Text search is a LIKE on the case-folded transcript, as in SQLite, so both
+behave the same.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncpg
 
 from voice_agent.store.base import LIVE, CallStore, event_from_row
 from voice_agent.store.rows import Batch, CallFilter, WorkerInfo
+from voice_agent.store.schema import POSTGRES, schema
 
 POOL_SIZE = 4
 # A hung connection must not stall the writer for good: the batch fails, is kept and retried.
@@ -25,48 +27,7 @@ COMMAND_TIMEOUT_S = 30.0
 DELETE_CHUNK = 1000
 SCHEMA_LOCK = 0x766F6963  # pg_advisory_xact_lock key: workers starting together create it once
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS calls (
-    call_id text PRIMARY KEY,
-    agent text NOT NULL,
-    transport text NOT NULL,
-    started_at text NOT NULL,
-    started timestamptz NOT NULL,
-    ended_at text,
-    outcome text,
-    end_reason text,
-    worker_id text NOT NULL,
-    state jsonb NOT NULL DEFAULT '{}',
-    messages jsonb NOT NULL DEFAULT '[]',
-    search_text text NOT NULL DEFAULT '',
-    preview text
-);
-CREATE INDEX IF NOT EXISTS calls_started ON calls (started);
-CREATE INDEX IF NOT EXISTS calls_agent ON calls (agent, started);
-CREATE INDEX IF NOT EXISTS calls_outcome ON calls (outcome, started);
-CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (worker_id) WHERE ended_at IS NULL;
-CREATE TABLE IF NOT EXISTS call_events (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    call_id text NOT NULL,
-    type text NOT NULL,
-    t double precision,
-    data jsonb NOT NULL
-);
-CREATE INDEX IF NOT EXISTS call_events_call ON call_events (call_id, id);
-CREATE TABLE IF NOT EXISTS call_turns (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    call_id text NOT NULL,
-    metrics jsonb NOT NULL
-);
-CREATE INDEX IF NOT EXISTS call_turns_call ON call_turns (call_id, id);
-CREATE TABLE IF NOT EXISTS call_workers (
-    worker_id text PRIMARY KEY,
-    machine text NOT NULL,
-    pid integer NOT NULL,
-    started timestamptz NOT NULL DEFAULT now(),
-    heartbeat timestamptz NOT NULL DEFAULT now()
-);
-"""
+SCHEMA = schema(POSTGRES)
 
 INSERT_CALL = """
 INSERT INTO calls (call_id, agent, transport, started_at, started, state, worker_id)

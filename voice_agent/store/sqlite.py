@@ -24,54 +24,14 @@ from typing import Any, TypeVar
 
 from voice_agent.store.base import LIVE, CallStore, event_from_row
 from voice_agent.store.rows import Batch, CallFilter, WorkerInfo
+from voice_agent.store.schema import SQLITE, schema
 
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5000  # another process's write on a shared file
 DELETE_CHUNK = 500  # calls per retention transaction, so writes are not held up long
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS calls (
-    call_id TEXT PRIMARY KEY,
-    agent TEXT NOT NULL,
-    transport TEXT NOT NULL,
-    started_at TEXT NOT NULL,
-    started_ms INTEGER NOT NULL,
-    ended_at TEXT,
-    outcome TEXT,
-    end_reason TEXT,
-    worker_id TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT '{}',
-    messages TEXT NOT NULL DEFAULT '[]',
-    search_text TEXT NOT NULL DEFAULT '',
-    preview TEXT
-);
-CREATE INDEX IF NOT EXISTS calls_started ON calls (started_ms);
-CREATE INDEX IF NOT EXISTS calls_agent ON calls (agent, started_ms);
-CREATE INDEX IF NOT EXISTS calls_outcome ON calls (outcome, started_ms);
-CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (worker_id) WHERE ended_at IS NULL;
-CREATE TABLE IF NOT EXISTS call_events (
-    id INTEGER PRIMARY KEY,
-    call_id TEXT NOT NULL,
-    type TEXT NOT NULL,
-    t REAL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS call_events_call ON call_events (call_id, id);
-CREATE TABLE IF NOT EXISTS call_turns (
-    id INTEGER PRIMARY KEY,
-    call_id TEXT NOT NULL,
-    metrics TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS call_turns_call ON call_turns (call_id, id);
-CREATE TABLE IF NOT EXISTS call_workers (
-    worker_id TEXT PRIMARY KEY,
-    machine TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    started REAL NOT NULL,
-    heartbeat REAL NOT NULL
-);
-"""
+SCHEMA = schema(SQLITE)
 
 # A reused call id (a reconnecting stream) continues the call under its new worker.
 INSERT_CALL = """

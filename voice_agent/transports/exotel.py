@@ -93,6 +93,7 @@ from voice_agent.transports.exotel_chunks import (
     chunk_limits,
 )
 from voice_agent.transports.json_fields import json_object as _object
+from voice_agent.transports.json_fields import loose_texts
 from voice_agent.transports.json_fields import malformed as _malformed
 from voice_agent.transports.json_stream import JsonMediaStream
 from voice_agent.transports.state import StreamState
@@ -460,13 +461,10 @@ class ExotelStream(JsonMediaStream[ExotelEvent]):
             # The caller can hang up before the stream starts: nothing to check it against,
             # and ending the call is the right outcome whatever it holds.
             self.state = StreamState.STOPPED
-            stop = message.get("stop")
-            stop = stop if isinstance(stop, dict) else {}
-            fields = [stop.get(k) for k in ("call_sid", "account_sid", "reason")]
-            call, account, reason = (v if isinstance(v, str) else "" for v in fields)
             sequence = message.get("sequence_number")
             number = sequence if type(sequence) is int else None
-            return [Stop(number, call, account, reason)]
+            fields = loose_texts(message, "stop", ("call_sid", "account_sid", "reason"))
+            return [Stop(number, *fields)]
         sequence, events = self._sequenced(message, "stop")
         stop = message.get("stop")
         if stop is not None and not isinstance(stop, dict):

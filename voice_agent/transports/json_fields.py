@@ -58,3 +58,11 @@ def json_text(parent: Mapping[str, Any], key: str, path: str) -> str:
         missing = value is None
         raise malformed(f"{path} is {'missing' if missing else 'not a non-empty string'}")
     return value
+
+
+def loose_texts(parent: Mapping[str, Any], key: str, names: tuple[str, ...]) -> list[str]:
+    """The fields `names` of the object under `key`, each "" where it is missing or not text:
+    for a message read as it comes, unchecked (a stop ends the call whatever it holds)."""
+    fields = parent.get(key)
+    fields = fields if isinstance(fields, dict) else {}
+    return [value if isinstance(value := fields.get(name), str) else "" for name in names]

@@ -112,6 +112,7 @@ from typing import Any
 import orjson
 
 from voice_agent.transports.chunk_reorder import REORDER_WINDOW, ChunkReorder
+from voice_agent.transports.custom_parameters import AgentInParameters
 from voice_agent.transports.errors import (
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
@@ -120,6 +121,7 @@ from voice_agent.transports.errors import (
 )
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import json_text as _text
+from voice_agent.transports.json_fields import loose_texts
 from voice_agent.transports.json_fields import malformed as _malformed
 from voice_agent.transports.json_stream import JsonMediaStream
 from voice_agent.transports.state import StreamState
@@ -151,7 +153,6 @@ MAX_EARLY_MEDIA = REORDER_WINDOW  # media frames before start dropped before it 
 MIN_OUTBOUND_MS = 20  # Telnyx takes RTP media messages of 20 ms to 30 s
 MAX_OUTBOUND_MS = 30_000
 DTMF_DIGITS = frozenset("0123456789*#ABCD")
-AGENT_PARAMETER = "agent"
 AUTH_TOKEN_FIELD = "x-telnyx-streaming-auth-token"
 
 
@@ -179,7 +180,7 @@ class Connected:
 
 
 @dataclass(frozen=True, slots=True)
-class Start:
+class Start(AgentInParameters):
     sequence: int
     stream_id: str
     call_control_id: str
@@ -195,16 +196,6 @@ class Start:
     @property
     def call_id(self) -> str:
         return self.call_control_id
-
-    @property
-    def agent(self) -> str | None:
-        """The agent the custom parameter `agent` names, if any."""
-        return self.custom_parameters.get(AGENT_PARAMETER)
-
-    @property
-    def agent_args(self) -> dict[str, str]:
-        """Every other custom parameter: the agent's args."""
-        return {k: v for k, v in self.custom_parameters.items() if k != AGENT_PARAMETER}
 
 
 @dataclass(slots=True)
@@ -506,20 +497,11 @@ class TelnyxStream(JsonMediaStream[TelnyxEvent]):
         for reorder in self._tracks.values():
             events.extend(_audible(reorder.flush()))
         self.state = StreamState.STOPPED
-        stop = message.get("stop")
-        stop = stop if isinstance(stop, dict) else {}
         sequence = message.get("sequence_number")
         number = sequence if type(sequence) is int else 0
         if isinstance(sequence, str) and sequence.isascii() and sequence.isdigit():
             number = int(sequence)
-        call, user = stop.get("call_control_id"), stop.get("user_id")
-        events.append(
-            Stop(
-                number,
-                call if isinstance(call, str) else "",
-                user if isinstance(user, str) else "",
-            )
-        )
+        events.append(Stop(number, *loose_texts(message, "stop", ("call_control_id", "user_id"))))
         return events
 
     # -- outbound ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from voice_agent.transports.custom_parameters import AgentInParameters
 from voice_agent.transports.errors import (
     PROTOCOL_ERROR,
     UNSUPPORTED_DATA,
@@ -20,6 +21,7 @@ from voice_agent.transports.errors import (
 )
 from voice_agent.transports.json_fields import json_object as _object
 from voice_agent.transports.json_fields import json_text as _text
+from voice_agent.transports.json_fields import loose_texts
 from voice_agent.transports.json_fields import malformed as _malformed
 from voice_agent.transports.json_stream import JsonMediaStream
 from voice_agent.transports.state import StreamState
@@ -36,7 +38,6 @@ MAX_MESSAGE_CHARS = 16_384
 # the codec's clearer 1009 reason is the one a peer normally sees.
 WEBSOCKET_MAX_SIZE = 4 * MAX_MESSAGE_CHARS
 DTMF_DIGITS = frozenset("0123456789*#ABCD")
-AGENT_PARAMETER = "agent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class Connected:
 
 
 @dataclass(frozen=True, slots=True)
-class Start:
+class Start(AgentInParameters):
     sequence: int
     stream_sid: str
     call_sid: str
@@ -65,16 +66,6 @@ class Start:
     @property
     def call_id(self) -> str:
         return self.call_sid
-
-    @property
-    def agent(self) -> str | None:
-        """The agent the `<Parameter name="agent">` of the TwiML names, if any."""
-        return self.custom_parameters.get(AGENT_PARAMETER)
-
-    @property
-    def agent_args(self) -> dict[str, str]:
-        """Every other custom parameter: the agent's args."""
-        return {k: v for k, v in self.custom_parameters.items() if k != AGENT_PARAMETER}
 
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__, which made
@@ -350,12 +341,9 @@ class TwilioStream(JsonMediaStream[TwilioEvent]):
             # The caller can hang up before the stream starts: there is nothing to check it
             # against, and ending the call is the right outcome whatever it holds.
             self.state = StreamState.STOPPED
-            stop = message.get("stop")
-            stop = stop if isinstance(stop, dict) else {}
             sequence = message.get("sequenceNumber")
             number = int(sequence) if isinstance(sequence, str) and sequence.isdecimal() else 0
-            account, call = stop.get("accountSid"), stop.get("callSid")
-            return [Stop(number, str(account or ""), str(call or ""))]
+            return [Stop(number, *loose_texts(message, "stop", ("accountSid", "callSid")))]
         sequence, events = self._sequenced(message, "stop")
         stop = _object(message, "stop", "stop")
         events.append(
