@@ -13,7 +13,9 @@ import pytest
 from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.config import SipSettings
 from voice_agent.errors import ConfigError, VoiceAgentError
-from voice_agent.gateways.sip import RtpPorts, SipGateway, route_call
+from voice_agent.gateways.rtp_ports import RtpPorts
+from voice_agent.gateways.sip import SipGateway
+from voice_agent.gateways.sip_routes import route_call
 from voice_agent.sip.media import RtpSession
 from voice_agent.sip.message import parse_message
 from voice_agent.sip.sdp import negotiate, parse_sdp

@@ -23,6 +23,8 @@ from voice_agent.audio.codec import CarrierFormat
 from voice_agent.audio.pacing import PhasedPacer
 from voice_agent.config import SipSettings, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
+from voice_agent.gateways.rtp_ports import RtpPorts
+from voice_agent.gateways.sip_routes import failure_reason, refer_target, route_call
 from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.sip import uac as outbound
@@ -31,7 +33,6 @@ from voice_agent.sip.auth import Credentials, DigestAuthenticator
 from voice_agent.sip.endpoint import Action, CallEvent, SipEndpoint
 from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
-from voice_agent.sip.message import SipMessage, name_addr_uri, uri_user
 from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 
@@ -55,97 +56,6 @@ TRANSFER_WAIT_S = 45.0
 # that is hung up on clips what it still holds, and a second of quiet before the line drops
 # is what a caller expects after a goodbye anyway.
 BYE_AFTER_LAST_AUDIO_MS = 1000.0
-
-
-@dataclass(frozen=True)
-class CallRoute:
-    agent: str | None
-    args: dict[str, str]
-
-
-def route_call(
-    invite: SipMessage, settings: SipSettings, agents: Mapping[str, Any]
-) -> CallRoute | None:
-    """Which agent takes the call and with which args; None if the call names no agent here.
-
-    The agent: `agent_header`'s value, else `numbers[dialled user]`, else the agent named by
-    the dialled user part, else the default agent. The args: `caller` (the user part of
-    P-Asserted-Identity, else From), `called` (the Request-URI's user part), and each header
-    `settings.headers` maps to an arg name.
-    """
-    dialled = uri_user(invite.uri or "")
-    agent: str | None = None
-    if settings.agent_header and invite.get(settings.agent_header):
-        agent = (invite.get(settings.agent_header) or "").strip()
-        if agent not in agents:
-            return None
-    elif dialled is not None and dialled in settings.numbers:
-        agent = settings.numbers[dialled]
-    elif dialled is not None and dialled in agents:
-        agent = dialled
-    identity = invite.get("p-asserted-identity") or invite.get("from") or ""
-    args: dict[str, str] = {}
-    caller = uri_user(name_addr_uri(identity)) if identity else None
-    if caller:
-        args["caller"] = caller
-    if dialled:
-        args["called"] = dialled
-    for header, name in settings.headers.items():
-        value = invite.get(header)
-        if value is not None:
-            args[name] = value[:256]
-    return CallRoute(agent, args)
-
-
-class RtpPorts:
-    """The RTP ports of the configured range, even numbers only (RFC 3550 section 11)."""
-
-    def __init__(self, low: int, high: int) -> None:
-        self._free = list(range(low + low % 2, high + 1, 2))
-        self._used: set[int] = set()
-
-    def bind(self, host: str) -> socket.socket:
-        """A UDP socket on a free port of the range; VoiceAgentError when none is free."""
-        for port in list(self._free):
-            sock = socket.socket(
-                socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM
-            )
-            try:
-                sock.bind((host, port))
-            except OSError:
-                sock.close()
-                continue  # another process holds it: try the next
-            self._free.remove(port)
-            self._used.add(port)
-            sock.setblocking(False)
-            return sock
-        raise VoiceAgentError("no free RTP port in sip.rtp_port_min..rtp_port_max")
-
-    def release(self, port: int) -> None:
-        if port in self._used:
-            self._used.discard(port)
-            self._free.append(port)
-
-
-def failure_reason(failed: outbound.Failed) -> str:
-    """A placed call's end reason when it was never answered: its outcome first (the store
-    files it as busy, no_answer or failed), then what the far end said."""
-    said = f"{failed.status} {failed.reason}".strip()
-    if failed.outcome == "busy":
-        return f"busy: {said}"
-    if failed.outcome in ("no answer", "cancelled"):
-        return f"no answer: {said}"
-    return f"call failed: {said} ({failed.outcome})"
-
-
-def refer_target(target: str, trunk_host: str) -> str:
-    """What a REFER's Refer-To names: a SIP URI as configured; a phone number (or tel: URI)
-    at the host the call came from, the trunk or PBX that can dial it."""
-    if target.lower().startswith(("sip:", "sips:")):
-        return target
-    number = target[4:] if target.lower().startswith("tel:") else target
-    host = f"[{trunk_host}]" if ":" in trunk_host else trunk_host
-    return f"sip:{number}@{host}"
 
 
 class _RtpProtocol(asyncio.DatagramProtocol):
