@@ -560,6 +560,55 @@ CASES = [
         ),
     ),
     case(
+        "sip-listen-unknown-transport",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  listen: ['sctp:127.0.0.1:5060']\n"},
+            CONFIG,
+            "sip.listen",
+            "'sctp' is not a transport (udp, tcp or tls)",
+        ),
+    ),
+    case(
+        "sip-listen-two-of-a-transport",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  listen: ['tcp:0.0.0.0:5060', 'tcp:0.0.0.0:5062']\n"},
+            CONFIG,
+            "sip.listen",
+            "two tcp addresses",
+        ),
+    ),
+    case(
+        "sip-tls-listener-without-certificate",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  listen: ['tls:0.0.0.0:5061']\n"},
+            CONFIG,
+            "sip",
+            "needs sip.tls: certificate and key",
+        ),
+    ),
+    case(
+        "sip-tls-certificate-missing",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  tls: {certificate: server.pem, key: server.key}\n"},
+            CONFIG,
+            "sip.tls.certificate",
+            "server.pem is not a file",
+        ),
+    ),
+    case(
+        "sip-tls-verify-client-without-ca",
+        Case(
+            {
+                CONFIG: PLAYBOOK + "sip:\n  tls: {certificate: a.yaml, key: a.yaml, "
+                "verify_client: true}\n",
+                "a.yaml": "{}\n",
+            },
+            CONFIG,
+            "sip.tls",
+            "verify_client needs ca",
+        ),
+    ),
+    case(
         "audiosocket-route-not-a-uuid",
         Case(
             {CONFIG: PLAYBOOK + "audiosocket:\n  routes: {not-a-uuid: {agent: a}}\n"},

@@ -14,11 +14,10 @@ import yaml
 
 from tests.support.baresip import Baresip, write_line
 from tests.support.configs import QUICK_VOICE, default_config_with, serving
+from tests.support.live_calls import CallAudit, new_pipeline
 from tests.support.sipp import run_sipp, scenario, write_rtp_pcap
 from tests.test_sip_calls import (
     GREETING_MS,
-    _Audit,
-    _new_pipeline,
     audit,
     last_call,
     messages,
@@ -115,7 +114,7 @@ async def test_keys_the_agent_sends_reach_the_phone_as_rfc_4733_events(
         known = set(server.pipelines)
         await phone.dial(f"sip:booking@{target(server)}")
         await phone.wait_event("CALL_ESTABLISHED")
-        said = _Audit(await _new_pipeline(server, known))
+        said = CallAudit(await new_pipeline(server, known))
         await said.until("agent_utterance")  # the greeting, heard out
         await phone.say(wav)
         keys = await phone.wait_event("CALL_DTMF_START", count=3)

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 import pytest_asyncio
 
 from tests.support.baresip import Baresip, write_line
 from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, ended_call, serving
+from tests.support.live_calls import CallAudit, new_pipeline, spoken_parts
 from tests.support.sipp import (
     PCAPS,
     SippResult,
@@ -39,8 +39,6 @@ from voice_agent.audio.resample import resample
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.stt.scoring import spoken_words
 from voice_agent.engines.tts.piper import default_voice_paths, load_voice
-from voice_agent.pipeline.driver import CallPipeline
-from voice_agent.runtime.audit import AuditEvent
 from voice_agent.server.app import VoiceServer
 from voice_agent.sip.message import parse_message
 from voice_agent.sip.sdp import parse_sdp
@@ -454,50 +452,6 @@ async def test_a_call_goes_on_while_its_ports_are_fuzzed(
     assert len(gateway.uas.responses) <= cached_before + 5
 
 
-async def _new_pipeline(server: VoiceServer, known: set[str]) -> CallPipeline:
-    async with asyncio.timeout(15):
-        while not set(server.pipelines) - known:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)  # a condition wait: until baresip's call has started
-    (call_id,) = set(server.pipelines) - known
-    return server.pipelines[call_id]
-
-
-class _Audit:
-    """A live call's audit events as they happen, to wait on."""
-
-    def __init__(self, pipeline: CallPipeline) -> None:
-        self.queue: asyncio.Queue[AuditEvent] = asyncio.Queue()
-        pipeline.session.audit.subscribe(self.queue.put_nowait)
-
-    async def until(self, kind: str, timeout_s: float = 30.0) -> AuditEvent:
-        async with asyncio.timeout(timeout_s):
-            while (event := await self.queue.get()).type != kind:
-                pass
-        return event
-
-
-def _spoken_parts(pcm: bytes, rate: int = 8000) -> list[bytes]:
-    """The stretches of a recording between pauses of 600 ms or more, as 16 kHz PCM."""
-    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32)
-    frame = rate // 50
-    loud = [
-        float(np.sqrt(np.mean(samples[i : i + frame] ** 2))) > 300
-        for i in range(0, len(samples) - frame, frame)
-    ]
-    parts, start, quiet = [], None, 0
-    for index, is_loud in enumerate([*loud, *([False] * 30)]):
-        if is_loud:
-            start = index if start is None else start
-            quiet = 0
-        elif start is not None:
-            quiet += 1
-            if quiet >= 30:
-                end = index - quiet + 1
-                parts.append(resample(pcm[start * frame * 2 : end * frame * 2], rate, 16000))
-                start, quiet = None, 0
-    return parts
-
-
 async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
     piper_voiced: VoiceServer, tmp_path: Path
 ) -> None:
@@ -517,8 +471,8 @@ async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
     try:
         known = set(server.pipelines)
         await phone.dial(f"sip:booking@{target(server)}")
-        pipeline = await _new_pipeline(server, known)
-        audit_events = _Audit(pipeline)
+        pipeline = await new_pipeline(server, known)
+        audit_events = CallAudit(pipeline)
         await audit_events.until("agent_utterance")  # the greeting, played out
         await phone.press("0")
         await audit_events.until("agent_utterance")  # the opening hours
@@ -547,7 +501,7 @@ async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
         recording = heard.readframes(heard.getnframes())
     stt = make_stt(SttConfig(provider="whisper", model="tiny.en", processes=1))
     try:
-        said = " ".join([await transcribe(stt, part) for part in _spoken_parts(recording)])
+        said = " ".join([await transcribe(stt, part) for part in spoken_parts(recording)])
     finally:
         await stt.aclose()
     said = " ".join(spoken_words(said))

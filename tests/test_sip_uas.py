@@ -107,11 +107,12 @@ def request(
     body: bytes = b"",
     content_type: str | None = None,
     headers: Iterable[tuple[str, str]] = (),
+    transport: str = "UDP",
 ) -> bytes:
     """A request as a carrier's SBC would send it (section 8.1.1): Via with an RFC 3261 branch,
     Max-Forwards, From with a tag, To (with our tag inside a dialog), Call-ID, CSeq, Contact,
     then `headers`, Content-Type and Content-Length."""
-    via = f"SIP/2.0/UDP {sent_by};branch={branch}" + (";rport" if rport else "")
+    via = f"SIP/2.0/{transport} {sent_by};branch={branch}" + (";rport" if rport else "")
     to = "<sip:agent@127.0.0.1>" + (f";tag={to_tag}" if to_tag else "")
     lines = [
         f"{method} {uri} SIP/2.0",
@@ -201,8 +202,13 @@ def drive(uas: UserAgentServer, until_ms: float) -> list[tuple[float, Action]]:
     return done
 
 
-def offered(uas: UserAgentServer, data: bytes | None = None, now_ms: float = 0.0) -> IncomingCall:
-    actions = uas.datagram(data or invite(), CALLER, now_ms)
+def offered(
+    uas: UserAgentServer,
+    data: bytes | None = None,
+    now_ms: float = 0.0,
+    source: tuple[str, int] = CALLER,
+) -> IncomingCall:
+    actions = uas.datagram(data or invite(), source, now_ms)
     assert statuses(actions) == [100]
     (incoming,) = of_type(actions, IncomingCall)
     return incoming
@@ -1509,3 +1515,67 @@ def test_a_transfer_before_the_call_is_up_fails_at_once() -> None:
     assert uas.transfer(CALL_ID, "sip:desk@192.0.2.10", 0) == [
         TransferFailed(CALL_ID, 481, "the call is not established")
     ]
+
+
+# ---- over a connection (TCP, TLS) ------------------------------------------------------------
+
+# A caller on a connection: its requests say so in Via, and the I/O layer knows the connection
+# by the peer's address, an ephemeral port unlike the one in Via.
+CONNECTION: tuple[str, int] = ("127.0.0.1", 47001)
+
+
+def test_over_tcp_responses_go_back_on_the_connection_and_contact_names_the_transport() -> None:
+    uas = make_uas(stream_ports={"TCP": 5062, "TLS": 5063})
+    actions = uas.datagram(invite(transport="TCP"), CONNECTION, 0.0)
+    (trying,) = of_type(actions, Send)
+    assert trying.addr == CONNECTION  # not Via's 127.0.0.1:5061, which nobody listens on
+    (incoming,) = of_type(actions, IncomingCall)
+    (ok,) = of_type(uas.accept(incoming.call_id, MEDIA_HOST, MEDIA_PORT, 0.0), Send)
+    assert ok.addr == CONNECTION
+    assert parse_message(ok.data).get("contact") == "<sip:127.0.0.1:5062;transport=tcp>"
+
+
+def test_a_sips_request_uri_over_tls_gets_a_sips_contact() -> None:
+    """Section 12.1.1: a dialog made by a SIPS Request-URI has a SIPS Contact."""
+    uas = make_uas(stream_ports={"TLS": 5063})
+    data = invite(transport="TLS", uri="sips:agent@127.0.0.1:5063")
+    incoming = offered(uas, data, source=CONNECTION)
+    ok = one_sent(uas.accept(incoming.call_id, MEDIA_HOST, MEDIA_PORT, 0.0))
+    assert ok.get("contact") == "<sips:127.0.0.1:5063>"
+    plain = make_uas(stream_ports={"TLS": 5063})
+    incoming = offered(plain, invite(transport="TLS"), source=CONNECTION)
+    ok = one_sent(plain.accept(incoming.call_id, MEDIA_HOST, MEDIA_PORT, 0.0))
+    assert ok.get("contact") == "<sip:127.0.0.1:5063;transport=tls>"
+
+
+def test_the_agents_bye_over_tcp_goes_on_the_connection_once_and_times_out_unanswered() -> None:
+    """Our BYE in a dialog made over TCP: Via says TCP with our TCP port, it goes to the
+    connection (not to the Contact's address), and it is not sent again (17.1.2.2: no timer E
+    on a reliable transport); unanswered, the call is still over at timer F."""
+    uas = make_uas(stream_ports={"TCP": 5062})
+    incoming = offered(uas, invite(transport="TCP"), source=CONNECTION)
+    (ok,) = of_type(uas.accept(incoming.call_id, MEDIA_HOST, MEDIA_PORT, 0.0), Send)
+    tag = parse_message(ok.data).to_tag
+    assert tag is not None
+    confirm = request("ACK", to_tag=tag, branch="z9hG4bKack1", transport="TCP")
+    assert of_type(uas.datagram(confirm, CONNECTION, 10.0), CallConfirmed)
+    actions = uas.hang_up(incoming.call_id, 1000.0)
+    (bye_sent,) = of_type(actions, Send)
+    assert bye_sent.addr == CONNECTION
+    via = parse_message(bye_sent.data).vias[0]
+    assert (via.transport, via.sent_by) == ("TCP", "127.0.0.1:5062")
+    later = drive(uas, 1000.0 + TIMEOUT_MS + 1)
+    assert not [a for _, a in later if isinstance(a, Send)]
+
+
+def test_a_refusal_over_tcp_is_not_sent_again_while_its_ack_is_awaited() -> None:
+    """Timer G is not set on a reliable transport (17.2.1): one 486, then only its ACK."""
+    uas = make_uas()
+    incoming = offered(uas, invite(transport="TCP"), 0.0, source=CONNECTION)
+    (busy,) = of_type(uas.reject(incoming.call_id, 486, 0.0), Send)
+    assert busy.addr == CONNECTION
+    assert not [a for _, a in drive(uas, TIMEOUT_MS + 1) if isinstance(a, Send)]
+    over_udp = make_uas()
+    incoming = offered(over_udp, invite(), 0.0)
+    over_udp.reject(incoming.call_id, 486, 0.0)
+    assert [a for _, a in drive(over_udp, 2 * T1_MS) if isinstance(a, Send)]  # UDP: again

@@ -103,7 +103,7 @@ async def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         reuse_port=args.reuse_port,
         worker_id=args.worker_id,
-        sip_listen=args.sip,
+        sip_listen=args.sip.split(",") if args.sip else None,
     )
     settings = registry.loaded.config.server
     try:
@@ -198,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=1, help="server processes sharing the port (Linux)"
     )
     serve_parser.add_argument(
-        "--sip", metavar="HOST:PORT", help="also take SIP calls over UDP here (sip: in the config)"
+        "--sip",
+        metavar="[tcp:|tls:]HOST:PORT,...",
+        help="also take SIP calls here: UDP, or the transports named, comma-separated (sip: in"
+        " the config; tls: needs sip.tls)",
     )
     serve_parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     serve_parser.add_argument("--worker-id", type=int, default=0, help=argparse.SUPPRESS)

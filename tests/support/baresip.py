@@ -35,9 +35,11 @@ def write_line(path: Path, pcm: bytes) -> Path:
 
 
 class Baresip:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, trust: Path | None = None) -> None:
+        """`trust`: a CA certificate (PEM) baresip checks a TLS server's certificate with."""
         assert BARESIP is not None, "baresip is missing: scripts/test installs baresip-core"
         self.folder = folder
+        self.trust = trust
         self.recordings = folder / "heard"
         self.recordings.mkdir(parents=True, exist_ok=True)
         self.control_port = free_udp_port()  # a free number; TCP on it is as likely free
@@ -77,6 +79,8 @@ ctrl_tcp_listen 127.0.0.1:{self.control_port}
 snd_path {self.recordings}
 rtp_ports 40000-40999
 """
+        if self.trust is not None:
+            config += f"sip_cafile {self.trust}\n"
         (self.folder / "config").write_text(config)
         account = f"<sip:caller@127.0.0.1:{self.sip_port}>;regint=0;audio_codecs=PCMU"
         (self.folder / "accounts").write_text(account + "\n")

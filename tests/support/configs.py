@@ -42,12 +42,17 @@ def default_config_with(folder: Path, **sections: Any) -> Path:
 
 
 async def serving(
-    config: Path, *, sip: bool = False, secrets: Mapping[str, str] | None = None
+    config: Path,
+    *,
+    sip: bool | list[str] = False,
+    secrets: Mapping[str, str] | None = None,
 ) -> AsyncIterator[VoiceServer]:
     """A VoiceServer for `config` on a free localhost port, shut down after use; with `sip`,
-    also taking SIP calls on a free UDP port of 127.0.0.1 (`server.sip.port`)."""
+    also taking SIP calls on a free UDP port of 127.0.0.1 (`server.sip.port`), or on the
+    listeners `sip` lists (as `sip.listen` takes them: "tcp:127.0.0.1:0", ...)."""
     registry = AgentRegistry.from_file(config, Secrets(secrets) if secrets else None)
-    voice_server = VoiceServer(registry, port=0, sip_listen="127.0.0.1:0" if sip else None)
+    listen = sip if isinstance(sip, list) else "127.0.0.1:0" if sip else None
+    voice_server = VoiceServer(registry, port=0, sip_listen=listen)
     if "max_loop_lag_ms" not in registry.loaded.config.server.model_fields_set:
         # The suite runs on two workers sharing two cores, and some tests collect garbage on
         # purpose: the loop is late then for reasons no caller of a real server meets, and

@@ -15,7 +15,14 @@ from pydantic import ValidationError
 from voice_agent.config.agent import AgentConfig, FlowConfig, HandlerConfig, LlmConfig, RouteConfig
 from voice_agent.config.base import MAX_UPDATES_PER_TOOL, Strict, split_host_port
 from voice_agent.config.server import ServerSettings, WebRtcSettings
-from voice_agent.config.telephony import AudioSocketSettings, CarrierApis, SipSettings
+from voice_agent.config.telephony import (
+    AudioSocketSettings,
+    CarrierApis,
+    SipListener,
+    SipSettings,
+    SipTls,
+    sip_listeners,
+)
 from voice_agent.config.voice import (
     ContextOnTransfer,
     HoldSettings,
@@ -46,7 +53,9 @@ __all__ = [
     "NluSettings",
     "RouteConfig",
     "ServerSettings",
+    "SipListener",
     "SipSettings",
+    "SipTls",
     "SttSettings",
     "TtsSettings",
     "TurnSettings",
@@ -56,6 +65,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "read_yaml",
+    "sip_listeners",
     "split_host_port",
 ]
 

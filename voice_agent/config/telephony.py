@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ipaddress
 import uuid
-from typing import Any, Literal, get_args
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, get_args
 
 from pydantic import (
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -19,6 +21,70 @@ from voice_agent.config.base import (
 )
 
 DigestAlgorithm = Literal["MD5", "SHA-256"]
+SIP_TRANSPORTS = ("udp", "tcp", "tls")
+
+
+class SipListener(NamedTuple):
+    transport: str  # "udp", "tcp" or "tls"
+    host: str
+    port: int
+
+
+def sip_listeners(listen: str | list[str]) -> list[SipListener]:
+    """`sip.listen` (or `serve --sip`) as listeners: "HOST:PORT" is UDP, "tcp:HOST:PORT" and
+    "tls:HOST:PORT" the connection transports, at most one of each. ValueError says what is
+    wrong."""
+    values = [listen] if isinstance(listen, str) else list(listen)
+    if not values:
+        raise ValueError("no address to listen on")
+    listeners: list[SipListener] = []
+    for value in values:
+        scheme, colon, rest = value.partition(":")
+        transport = scheme.lower() if colon and scheme.lower() in SIP_TRANSPORTS else None
+        if transport is None and scheme.isalpha() and ":" in rest:
+            raise ValueError(f"{value!r}: {scheme!r} is not a transport (udp, tcp or tls)")
+        try:
+            host, port = split_host_port(rest if transport else value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not [udp:|tcp:|tls:]HOST:PORT (e.g. tls:0.0.0.0:5061)"
+            ) from None
+        listener = SipListener(transport or "udp", host, port)
+        if any(other.transport == listener.transport for other in listeners):
+            raise ValueError(f"two {listener.transport} addresses: one of each transport at most")
+        listeners.append(listener)
+    return listeners
+
+
+def _config_file(value: str, info: ValidationInfo) -> str:
+    """A file the config names, relative to the config's folder, that must be readable."""
+    base_dir = (info.context or {}).get("base_dir")
+    path = Path(base_dir) / Path(value).expanduser() if base_dir is not None else Path(value)
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file")
+    return str(path)
+
+
+class SipTls(Strict):
+    """SIP over TLS (`tls:` in `sip.listen`): the server's certificate, and whether callers
+    must show one of their own. The files are read again when they change (a renewed
+    certificate needs no restart)."""
+
+    @field_validator("certificate", "key", "ca")
+    @classmethod
+    def _readable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _config_file(value, info) if value is not None else None
+
+    @model_validator(mode="after")
+    def _ca_to_verify(self) -> SipTls:
+        if self.verify_client and self.ca is None:
+            raise ValueError("verify_client needs ca, which callers' certificates are checked by")
+        return self
+
+    certificate: str  # PEM: the server's certificate, then its chain
+    key: str  # PEM: its private key
+    ca: str | None = None  # PEM bundle of the authorities that sign callers' certificates
+    verify_client: bool = False  # a caller without a certificate that `ca` signed is refused
 
 
 class SipTrunk(Strict):
@@ -46,9 +112,9 @@ class SipSettings(Strict):
 
     @field_validator("listen")
     @classmethod
-    def _listen(cls, value: str | None) -> str | None:
+    def _listen(cls, value: str | list[str] | None) -> str | list[str] | None:
         if value is not None:
-            split_host_port(value)  # ValueError says what is wrong
+            sip_listeners(value)  # ValueError says what is wrong
         return value
 
     @field_validator("allowed_sources")
@@ -66,7 +132,18 @@ class SipSettings(Strict):
             )
         return self
 
-    listen: str | None = None  # "HOST:PORT", e.g. "0.0.0.0:5060"
+    @model_validator(mode="after")
+    def _tls_files(self) -> SipSettings:
+        listens = sip_listeners(self.listen) if self.listen is not None else []
+        if self.tls is None and any(item.transport == "tls" for item in listens):
+            raise ValueError("a tls: address in listen needs sip.tls: certificate and key")
+        return self
+
+    # "HOST:PORT" (UDP), or several: ["0.0.0.0:5060", "tcp:0.0.0.0:5060", "tls:0.0.0.0:5061"]
+    listen: str | list[str] | None = None
+    tls: SipTls | None = None  # for a tls: listener
+    # Open TCP and TLS connections at most; past it a new one is closed as it comes.
+    max_connections: int = Field(default=4096, ge=1)
     # The address callers reach this server at, for Contact and SDP: needed when `listen` is
     # 0.0.0.0 or behind NAT.
     public_address: str | None = None

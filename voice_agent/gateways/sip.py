@@ -21,10 +21,13 @@ from typing import Any
 
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.audio.pacing import PhasedPacer
-from voice_agent.config import SipSettings, split_host_port
+from voice_agent.config import SipSettings, sip_listeners, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.gateways.rtp_ports import RtpPorts
 from voice_agent.gateways.sip_routes import failure_reason, refer_target, route_call
+from voice_agent.gateways.sip_streams import SipConnections, make_room
+from voice_agent.gateways.sip_tls import CHECK_S as TLS_CHECK_S
+from voice_agent.gateways.sip_tls import ServerTls
 from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.runtime.call_control import CallTransfer
 from voice_agent.sip import uac as outbound
@@ -175,19 +178,38 @@ class SipGateway:
         self,
         settings: SipSettings,
         *,
-        listen: str,
+        listen: str | list[str],
         start_call: StartCall,
         admit: Admit,
         agents: Mapping[str, Any],
         secrets: Mapping[str, str],
         on_refused: Callable[[sip.Refused], None] | None = None,
+        on_connection_closed: Callable[[str], None] | None = None,
         max_failed_auth_per_minute: int = 10,
     ) -> None:
         self.settings = settings
         try:
-            self.host, self.port = split_host_port(listen)
+            listeners = sip_listeners(listen)
         except ValueError as exc:
             raise ConfigError(str(exc), key="sip.listen") from None
+        udp = next((item for item in listeners if item.transport == "udp"), None)
+        self._stream_listeners = [item for item in listeners if item.transport != "udp"]
+        self._udp = udp is not None
+        self.host, self.port = (udp or listeners[0]).host, (udp or listeners[0]).port
+        if any(item.transport == "tls" for item in listeners):
+            if settings.tls is None:
+                raise ConfigError("a tls: address needs sip.tls", key="sip.tls")
+            self.tls: ServerTls | None = ServerTls(settings.tls)
+        else:
+            self.tls = None
+        self.stream_ports: dict[str, int] = {}  # "TCP", "TLS": the ports bound, once started
+        self.connections: SipConnections | None = None
+        self._tls_watch: asyncio.TimerHandle | None = None
+        if settings.trunk is not None and udp is None:
+            raise ConfigError(
+                "placed calls go to the trunk over UDP: sip.listen needs a udp address",
+                key="sip.listen",
+            )
         public = settings.public_address or self.host
         if public in ("0.0.0.0", "::"):
             raise ConfigError(
@@ -200,6 +222,7 @@ class SipGateway:
         self._admit = admit
         self._agents = agents
         self._on_refused = on_refused
+        self._on_connection_closed = on_connection_closed
         self._max_failures = max_failed_auth_per_minute
         credentials = {}
         for user, secret in settings.credentials.items():
@@ -251,17 +274,34 @@ class SipGateway:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        transport, _ = await self._loop.create_datagram_endpoint(
-            lambda: _SignalProtocol(self), local_addr=(self.host, self.port)
-        )
-        self._transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            # Room for a burst (a trunk's OPTIONS and INVITEs at once, a scan): the kernel
-            # drops what does not fit while the loop is busy.
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SIP_RECEIVE_BUFFER)
-        self.port = transport.get_extra_info("sockname")[1]
+        if self._udp:
+            transport, _ = await self._loop.create_datagram_endpoint(
+                lambda: _SignalProtocol(self), local_addr=(self.host, self.port)
+            )
+            self._transport = transport
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # Room for a burst (a trunk's OPTIONS and INVITEs at once, a scan): the kernel
+                # drops what does not fit while the loop is busy.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SIP_RECEIVE_BUFFER)
+            self.port = transport.get_extra_info("sockname")[1]
+        if self._stream_listeners:
+            make_room(self.settings.max_connections)
+            self.connections = SipConnections(
+                self.datagram,
+                max_connections=self.settings.max_connections,
+                in_use=self._carries_a_call,
+                on_closed=self._on_connection_closed,
+            )
+            for listener in self._stream_listeners:
+                context = self.tls.context if listener.transport == "tls" and self.tls else None
+                bound = await self.connections.listen(listener.host, listener.port, context)
+                self.stream_ports[listener.transport.upper()] = bound
+            if not self._udp:
+                self.port = next(iter(self.stream_ports.values()))
+            if self.tls is not None:
+                self._tls_watch = self._loop.call_later(TLS_CHECK_S, self._check_tls)
         authenticator = (
             DigestAuthenticator(
                 self.settings.realm,
@@ -275,6 +315,7 @@ class SipGateway:
             sip.UasSettings(
                 host=self.public,
                 port=self.port,
+                stream_ports=dict(self.stream_ports),
                 allowed_sources=self._networks,
                 authenticator=authenticator,
                 max_auth_failures_per_minute=self._max_failures,
@@ -290,7 +331,28 @@ class SipGateway:
                 )
             )
         self.endpoint = SipEndpoint(self.uas, self.uac)
-        log.info("SIP on udp %s:%d (contact %s)", self.host, self.port, self.public)
+        where = [f"udp {self.host}:{self.port}"] if self._udp else []
+        where += [
+            f"{item.transport} {item.host}:{self.stream_ports[item.transport.upper()]}"
+            for item in self._stream_listeners
+        ]
+        log.info("SIP on %s (contact %s)", ", ".join(where), self.public)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.connections) if self.connections is not None else 0
+
+    def _check_tls(self) -> None:
+        assert self.tls is not None and self._loop is not None
+        self.tls.reload_if_changed()
+        self._tls_watch = self._loop.call_later(TLS_CHECK_S, self._check_tls)
+
+    def _carries_a_call(self, peer: Addr) -> bool:
+        """A live call came over the connection of `peer` (its idle time does not count)."""
+        return any(
+            call.incoming is not None and call.incoming.source == peer
+            for call in self.calls.values()
+        )
 
     def drain(self) -> None:
         """New INVITEs and OPTIONS get 503 from now on; the calls in progress go on."""
@@ -309,8 +371,12 @@ class SipGateway:
             self._timer.cancel()
         if self._ticker is not None:
             self._ticker.cancel()
+        if self._tls_watch is not None:
+            self._tls_watch.cancel()
         if self._transport is not None:
             self._transport.close()
+        if self.connections is not None:
+            self.connections.close()
 
     def now_ms(self) -> float:
         assert self._loop is not None
@@ -367,7 +433,10 @@ class SipGateway:
     def _apply(self, actions: Sequence[Action]) -> None:
         for action in actions:
             if isinstance(action, sip.Send):
-                if self._transport is not None:
+                connections = self.connections
+                if connections is not None and connections.send(action.addr, action.data):
+                    pass  # the peer's connection (TCP, TLS)
+                elif self._transport is not None:
                     self._transport.sendto(action.data, action.addr)
             elif isinstance(action, sip.Refused):
                 self._refused(action)

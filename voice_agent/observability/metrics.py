@@ -155,6 +155,16 @@ class ServerMetrics:
             ["status"],
             registry=r,
         )
+        self.sip_connections = Gauge(
+            f"{PREFIX}_sip_connections", "SIP connections (TCP, TLS) open.", registry=r
+        )
+        self.sip_connections_closed = Counter(
+            f"{PREFIX}_sip_connections_closed",
+            "SIP connections the server closed for cause: framing (a message it cannot read),"
+            " slow (no whole message in time), idle, limit (too many open), not_reading.",
+            ["reason"],
+            registry=r,
+        )
         self.barge_ins = Counter(
             f"{PREFIX}_barge_ins", "Times the caller cut the agent off.", registry=r
         )
@@ -240,6 +250,9 @@ class ServerMetrics:
 
     def sip_request_refused(self, status: int | None) -> None:
         self.sip_refused.labels(str(status) if status else "dropped").inc()
+
+    def sip_connection_closed(self, reason: str) -> None:
+        self.sip_connections_closed.labels(reason).inc()
 
     def admission_refused(self, reason: str) -> None:
         self.admissions_refused.labels(_label(reason)).inc()

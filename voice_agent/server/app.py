@@ -126,7 +126,7 @@ class VoiceServer:
         store: DurableStore | None = None,
         reuse_port: bool = False,
         worker_id: int = 0,
-        sip_listen: str | None = None,
+        sip_listen: str | list[str] | None = None,
     ) -> None:
         self.registry = registry
         self.host = host
@@ -154,6 +154,7 @@ class VoiceServer:
                 agents=registry.agents,
                 secrets=registry.secrets,
                 on_refused=lambda refused: self.metrics.sip_request_refused(refused.status),
+                on_connection_closed=lambda reason: self.metrics.sip_connection_closed(reason),
                 max_failed_auth_per_minute=registry.loaded.config.server.max_failed_auth_per_minute,
             )
             if listen
@@ -580,6 +581,9 @@ class VoiceServer:
             self.port = sockets[0].getsockname()[1]
         if self.sip is not None:
             await self.sip.start()
+            self.metrics.sip_connections.set_function(
+                lambda: self.sip.open_connections if self.sip else 0
+            )
         if self.audiosocket is not None:
             await self.audiosocket.start()
         control = self.registry.loaded.config.server.control_listen

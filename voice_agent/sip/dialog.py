@@ -3,11 +3,14 @@ the server answers (12.1.1), matching the requests that belong to it (12.2.2), a
 requests the server sends in it, a BYE above all (12.2.1.1, with the route set of 12.1.1 and
 loose routing of 16.12). Sans-I/O.
 
-Where an in-dialog request goes: to the first route if the caller's proxies recorded one, else
-to the caller's Contact, when either names an IP address and port; otherwise to the address the
-INVITE came from. The last is what a caller behind NAT needs and what symmetric signalling
-(RFC 3581) gives; DNS lookups of RFC 3263 are not done, since every peer that reaches this
-server over UDP has just sent from the address that works.
+Where an in-dialog request goes: a dialog that came over a connection (TCP, TLS) sends on that
+connection, the address the INVITE came from (connection reuse, as RFC 5923 and RFC 5626 have
+it: a caller behind NAT or a firewall cannot take a connection opened towards it). Over UDP:
+to the first route if the caller's proxies recorded one, else to the caller's Contact, when
+either names an IP address and port; otherwise to the address the INVITE came from. The last
+is what a caller behind NAT needs and what symmetric signalling (RFC 3581) gives; DNS lookups
+of RFC 3263 are not done, since every peer that reaches this server has just sent from the
+address that works.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Dialog:
     remote_cseq: int
     source: Addr  # where the INVITE came from
     local_cseq: int = 1
+    transport: str = "UDP"  # the INVITE's (its top Via's): our requests go the same way
 
     @classmethod
     def from_invite(cls, invite: SipMessage, local_tag: str, source: Addr) -> Dialog:
@@ -55,6 +59,7 @@ class Dialog:
             route_set=invite.get_all("record-route"),
             remote_cseq=number,
             source=source,
+            transport=invite.vias[0].transport,
         )
 
     def matches(self, request: SipMessage) -> bool:
@@ -65,7 +70,13 @@ class Dialog:
             and (request.from_tag or "") == self.remote_tag
         )
 
+    @property
+    def over_stream(self) -> bool:
+        return self.transport != "UDP"
+
     def destination(self) -> Addr:
+        if self.over_stream:
+            return self.source
         uri = name_addr_uri(self.route_set[0]) if self.route_set else self.remote_target
         return _ip_address_of(uri) or self.source
 
@@ -94,7 +105,7 @@ class Dialog:
             branch = MAGIC_COOKIE + branch
         lines = [
             f"{method} {request_uri} {SIP_VERSION}",
-            f"Via: {SIP_VERSION}/UDP {via_host};branch={branch};rport",
+            f"Via: {SIP_VERSION}/{self.transport} {via_host};branch={branch};rport",
             *(f"Route: {route}" for route in routes),
             f"Max-Forwards: {MAX_FORWARDS}",
             f"From: {from_value}",

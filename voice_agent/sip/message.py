@@ -93,6 +93,11 @@ class Via:
     def branch(self) -> str | None:
         return self.params.get("branch")
 
+    @property
+    def over_stream(self) -> bool:
+        """Sent over a connection (TCP, TLS...), whose responses go back on it (18.2.2)."""
+        return self.transport != "UDP"
+
 
 @dataclass
 class SipMessage:

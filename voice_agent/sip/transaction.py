@@ -1,4 +1,4 @@
-"""SIP transactions over UDP (RFC 3261 section 17), the parts a user agent server needs: the
+"""SIP transactions (RFC 3261 section 17), the parts a user agent server needs: the
 timers, the key that matches a retransmitted request to its transaction (17.2.3), the
 non-INVITE server transaction's "completed" state as a bounded cache of responses (17.2.2), and
 one retransmission schedule shared by the 2xx to an INVITE (13.3.1.4) and the requests the
@@ -68,6 +68,16 @@ class Retransmission:
     def __post_init__(self) -> None:
         self.next_ms = self.started_ms + self.interval_ms
 
+    @classmethod
+    def of_request(
+        cls, data: bytes, addr: Addr, started_ms: float, *, over_stream: bool
+    ) -> Retransmission:
+        """A request's, or a non-2xx final response's: over UDP sent again at T1, 2*T1, ...;
+        over a connection, which delivers it or fails (17.1.2.2, 17.2.1: timers E and G are
+        not set), never sent again, and still given up at TIMEOUT_MS. (A 2xx to an INVITE is
+        sent again over every transport, 13.3.1.4.)"""
+        return cls(data, addr, started_ms, interval_ms=TIMEOUT_MS if over_stream else T1_MS)
+
     @property
     def gives_up_ms(self) -> float:
         return self.started_ms + TIMEOUT_MS
@@ -124,10 +134,12 @@ _RPORT = re.compile(r";\s*rport(?=\s*(;|$))", re.IGNORECASE)
 
 
 def response_addr(request: SipMessage, source: Addr) -> Addr:
-    """Where a response goes (section 18.2.2 with RFC 3581): to the source port if the client
-    asked (rport), else to the port in its Via, at the address the request came from."""
+    """Where a response goes (section 18.2.2 with RFC 3581): back on the connection a request
+    came over (TCP, TLS: the I/O layer knows it by its peer's address); over UDP to the source
+    port if the client asked (rport), else to the port in its Via, at the address the request
+    came from."""
     via = request.vias[0]
-    if "rport" in via.params:
+    if via.over_stream or "rport" in via.params:
         return source
     port = via.sent_by.rpartition(":")[2] if not via.sent_by.endswith("]") else ""
     return (source[0], int(port) if port.isdigit() else 5060)

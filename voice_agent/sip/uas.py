@@ -108,7 +108,10 @@ CallState = Literal["offered", "answered", "confirmed", "ended"]
 @dataclass(frozen=True)
 class UasSettings:
     host: str  # the address in Via, Contact and SDP (the public one, behind NAT)
-    port: int
+    port: int  # UDP's
+    # The port of each connection transport listened on ("TCP", "TLS"): for Via and Contact
+    # of a call that came over it.
+    stream_ports: dict[str, int] = field(default_factory=dict)
     allowed_sources: tuple[Network, ...] | None = None  # None: any
     authenticator: DigestAuthenticator | None = None
     max_calls: int = 1000
@@ -168,6 +171,10 @@ class _Call:
     refer_branch: str | None = None
     referred: bool = False  # a REFER was sent: its NOTIFYs are expected
     expires_ms: float | None = None  # an ended call is kept this long for retransmissions
+
+    @property
+    def over_stream(self) -> bool:
+        return self.invite.vias[0].over_stream
 
     @property
     def deadline_ms(self) -> float | None:
@@ -342,7 +349,7 @@ class UserAgentServer:
             call.invite,
             180,
             to_tag=call.local_tag,
-            headers=[*self._common(), ("Contact", self._contact())],
+            headers=[*self._common(), ("Contact", self._contact(call.invite))],
         )
         return [Send(call.last_response, call.response_addr)]
 
@@ -353,7 +360,9 @@ class UserAgentServer:
             return []
         response = self._final(call, status, reason)
         actions: list[Action] = [Send(response, call.response_addr)]
-        call.retransmit = Retransmission(response, call.response_addr, now_ms)
+        call.retransmit = Retransmission.of_request(
+            response, call.response_addr, now_ms, over_stream=call.over_stream
+        )
         call.retransmit_2xx = False
         call.waiting_ack_cseq = call.invite.cseq[0]
         actions += self._end(call, now_ms, reason or f"refused with {status}")
@@ -384,17 +393,19 @@ class UserAgentServer:
         local = name_addr_uri(call.dialog.local_uri)
         data = call.dialog.request(
             "REFER",
-            via_host=f"{host_in_uri(self.settings.host)}:{self.settings.port}",
+            via_host=self._local(call.dialog.transport),
             branch=branch,
             headers=[
                 ("Refer-To", f"<{target}>"),
                 ("Referred-By", f"<{local}>"),
-                ("Contact", self._contact()),
+                ("Contact", self._contact(call.invite)),
                 ("User-Agent", self.settings.user_agent),
             ],
         )
         destination = call.dialog.destination()
-        call.refer = Retransmission(data, destination, now_ms)
+        call.refer = Retransmission.of_request(
+            data, destination, now_ms, over_stream=call.dialog.over_stream
+        )
         call.refer_branch = parse_via(data.split(b"\r\n")[1].decode()[5:]).branch
         call.referred = True
         self._branches[call.refer_branch or ""] = call.call_id
@@ -501,7 +512,9 @@ class UserAgentServer:
             )
             call.reinvite_response = response
             # Retransmitted until its ACK (section 17.2.1), without ending the call if none.
-            call.retransmit = Retransmission(response, call.response_addr, now_ms)
+            call.retransmit = Retransmission.of_request(
+                response, call.response_addr, now_ms, over_stream=call.over_stream
+            )
             call.retransmit_2xx = False
             call.waiting_ack_cseq = number
             return [Send(response, call.response_addr), Refused(source, bad.status, bad.reason)]
@@ -643,8 +656,21 @@ class UserAgentServer:
     def _common(self) -> list[tuple[str, str]]:
         return [("Server", self.settings.user_agent)]
 
-    def _contact(self) -> str:
-        return f"<sip:{host_in_uri(self.settings.host)}:{self.settings.port}>"
+    def _local(self, transport: str) -> str:
+        """Our host:port as peers reach it over `transport`, for Via and Contact."""
+        port = self.settings.stream_ports.get(transport, self.settings.port)
+        return f"{host_in_uri(self.settings.host)}:{port}"
+
+    def _contact(self, request: SipMessage) -> str:
+        """Our Contact for the dialog `request` makes: the transport it came over, and a SIPS
+        URI if its Request-URI was one (section 12.1.1)."""
+        transport = request.vias[0].transport
+        local = self._local(transport)
+        if (request.uri or "").lower().startswith("sips:"):
+            return f"<sips:{local}>"
+        if transport == "UDP":
+            return f"<sip:{local}>"
+        return f"<sip:{local};transport={transport.lower()}>"
 
     def _session_body(self, call: _Call, request: SipMessage) -> bytes | None:
         """The SDP of our 2xx: the answer to the request's offer, or our offer if it had none."""
@@ -675,7 +701,7 @@ class UserAgentServer:
         headers = [
             *self._common(),
             *(("Record-Route", route) for route in request.get_all("record-route")),
-            ("Contact", self._contact()),
+            ("Contact", self._contact(request)),
             ("Allow", ALLOW),
             ("Content-Type", "application/sdp"),
         ]
@@ -703,12 +729,14 @@ class UserAgentServer:
             branch = self.make_id()
             data = call.dialog.request(
                 "BYE",
-                via_host=f"{host_in_uri(self.settings.host)}:{self.settings.port}",
+                via_host=self._local(call.dialog.transport),
                 branch=branch,
                 headers=[("User-Agent", self.settings.user_agent)],
             )
             destination = call.dialog.destination()
-            call.bye = Retransmission(data, destination, now_ms)
+            call.bye = Retransmission.of_request(
+                data, destination, now_ms, over_stream=call.dialog.over_stream
+            )
             call.bye_branch = parse_via(data.split(b"\r\n")[1].decode()[5:]).branch
             self._branches[call.bye_branch or ""] = call.call_id
             actions.append(Send(data, destination))
