@@ -1,7 +1,8 @@
 """SIP over TCP and TLS (`sip.listen: [udp:..., tcp:..., tls:...]`) from real peers: sipp calling
-over TCP, baresip over TLS hearing the agent, a TLS client showing (or not) a certificate, a
-certificate renewed under a running server, and what a scanner or a broken peer can send to
-the connection ports while a call goes on beside it."""
+over TCP, baresip over TLS hearing the agent (and with SRTP, nothing of either side's speech on
+the wire), a TLS client showing (or not) a certificate, a certificate renewed under a running
+server, and what a scanner or a broken peer can send to the connection ports while a call goes
+on beside it."""
 
 from __future__ import annotations
 
@@ -19,20 +20,23 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.support.baresip import Baresip
+from tests.support.baresip import Baresip, write_line
 from tests.support.configs import QUICK_VOICE, default_config_with, serving
 from tests.support.live_calls import CallAudit, new_pipeline, spoken_parts
 from tests.support.sipp import run_sipp
 from tests.support.speech_eval import transcribe
 from tests.support.tls import CertificateAuthority, Issued
+from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.engines.stt import SttConfig, make_stt
 from voice_agent.engines.stt.scoring import spoken_words
 from voice_agent.gateways import sip_streams
 from voice_agent.gateways.sip import SipGateway
 from voice_agent.server.app import VoiceServer
+from voice_agent.sip.media import RtpSession
 from voice_agent.sip.message import SipMessage, parse_message
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+AUDIO = Path(__file__).resolve().parent / "fixtures" / "audio"
 LISTEN = ["127.0.0.1:0", "tcp:127.0.0.1:0", "tls:127.0.0.1:0"]
 
 
@@ -162,6 +166,81 @@ async def test_baresip_calls_over_tls_and_hears_the_agent(
     finally:
         await stt.aclose()
     assert "thanks for calling bella vista" in " ".join(spoken_words(said)), said
+
+
+async def test_baresip_over_tls_with_srtp_required_talks_and_nothing_is_in_the_clear(
+    server: VoiceServer, tls: Tls, tmp_path: Path
+) -> None:
+    """baresip with `mediaenc=srtp-mand` (RTP/SAVP, AES_CM_128_HMAC_SHA1_80) says its line and
+    hears the greeting. Every packet both ways is tapped where it meets the socket: decoded as
+    G.711, what the wire carried holds neither the agent's words nor the caller's, while the
+    recording and the server's speech recognition, behind SRTP, hold them."""
+    phone = Baresip(tmp_path, trust=tls.ca.certificate, media_encryption="srtp-mand")
+    line = write_line(tmp_path / "book.wav", ulaw_decode((AUDIO / "joe_book1.ulaw").read_bytes()))
+    wire_out: list[bytes] = []
+    wire_in: list[bytes] = []
+    await phone.start()
+    try:
+        known = set(server.pipelines)
+        await phone.dial(f"sip:booking@127.0.0.1:{port(server, 'TLS')};transport=tls")
+        pipeline = await new_pipeline(server, known)
+        (live,) = [c for c in gateway_of(server).calls.values() if c.pipeline is pipeline]
+        assert live.media is not None
+        tap(live.media, wire_out, wire_in)
+        events = CallAudit(pipeline)
+        await events.until("agent_utterance")  # the greeting, played out
+        await phone.say(line)
+        heard = await events.until("user_utterance")
+        await phone.hang_up()
+        await asyncio.wait_for(pipeline.finished.wait(), 15)
+    finally:
+        await phone.close()
+    call = await last_call(server)
+    (report,) = [e for e in call["audit"] if e["type"] == "rtp"]
+    assert report["srtp"] == "AES_CM_128_HMAC_SHA1_80", report
+    assert report["srtp_unauthentic"] == 0 and report["received"] > 100, report
+    assert "table" in heard.data["text"], heard.data
+    assert len(wire_out) > 100 and len(wire_in) > 100
+    with wave.open(str(phone.heard())) as recorded:
+        recording = recorded.readframes(recorded.getnframes())
+    stt = make_stt(SttConfig(provider="whisper", model="tiny.en", processes=1))
+    try:
+        said = await heard_in(stt, recording)
+        agent_on_wire = await heard_in(stt, as_audio(wire_out))
+        caller_on_wire = await heard_in(stt, as_audio(wire_in))
+    finally:
+        await stt.aclose()
+    assert "bella vista" in said, said
+    assert "bella vista" not in agent_on_wire and "calling" not in agent_on_wire, agent_on_wire
+    assert "table" not in caller_on_wire and "tomorrow" not in caller_on_wire, caller_on_wire
+
+
+def tap(media: RtpSession, sent: list[bytes], received: list[bytes]) -> None:
+    """Record each packet as it leaves for the socket and as it comes from it."""
+    next_packet, receive = media.next_packet, media.receive
+
+    def sending(now_ms: float) -> tuple[bytes | None, list[str]]:
+        packet, heard = next_packet(now_ms)
+        if packet is not None:
+            sent.append(packet)
+        return packet, heard
+
+    def receiving(data: bytes, source: tuple[str, int], now_ms: float) -> str | None:
+        received.append(data)
+        return receive(data, source, now_ms)
+
+    media.next_packet = sending  # type: ignore[method-assign]
+    media.receive = receiving  # type: ignore[method-assign]
+
+
+def as_audio(packets: list[bytes]) -> bytes:
+    """The packets' payloads (past the 12-byte RTP header) read as mu-law: 8 kHz PCM."""
+    return ulaw_decode(b"".join(packet[12:172] for packet in packets))
+
+
+async def heard_in(stt: Any, pcm: bytes) -> str:
+    words = [await transcribe(stt, part) for part in spoken_parts(pcm)]
+    return " ".join(spoken_words(" ".join(words)))
 
 
 # ---- TLS: what a client is shown and must show -------------------------------------------------

@@ -12,16 +12,37 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import shutil
+import socket
 import wave
 from pathlib import Path
-
-from tests.support.sipp import free_udp_port
 
 BARESIP = shutil.which("baresip")
 MODULES = Path("/usr/lib/baresip/modules")
 RATE = 8000
 TAIL_S = 120  # silence after each line: longer than any call here
+
+
+def _bindable(port: int) -> bool:
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_ports(first: int | None = None) -> int:
+    """A port free for UDP and TCP, with the next one free too (baresip listens for SIP over
+    UDP and TCP on its port and over TLS on the next). Below the kernel's ephemeral range
+    (32768 and up), where the suite's many client connections take their ports: a number
+    taken from bind(0) could be a connection's by the time baresip binds it."""
+    port = first if first is not None else random.randrange(10_000, 30_000, 2)
+    while not (_bindable(port) and _bindable(port + 1)):
+        port += 2
+    return port
 
 
 def write_line(path: Path, pcm: bytes) -> Path:
@@ -35,15 +56,20 @@ def write_line(path: Path, pcm: bytes) -> Path:
 
 
 class Baresip:
-    def __init__(self, folder: Path, *, trust: Path | None = None) -> None:
-        """`trust`: a CA certificate (PEM) baresip checks a TLS server's certificate with."""
+    def __init__(
+        self, folder: Path, *, trust: Path | None = None, media_encryption: str | None = None
+    ) -> None:
+        """`trust`: a CA certificate (PEM) baresip checks a TLS server's certificate with;
+        `media_encryption`: its account's `mediaenc` ("srtp-mand": SRTP offered as RTP/SAVP,
+        nothing else taken)."""
         assert BARESIP is not None, "baresip is missing: scripts/test installs baresip-core"
         self.folder = folder
         self.trust = trust
+        self.media_encryption = media_encryption
         self.recordings = folder / "heard"
         self.recordings.mkdir(parents=True, exist_ok=True)
-        self.control_port = free_udp_port()  # a free number; TCP on it is as likely free
-        self.sip_port = free_udp_port()
+        self.sip_port = free_ports()  # UDP and TCP on it, TLS on the next
+        self.control_port = free_ports(first=self.sip_port + 2)
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -81,8 +107,13 @@ rtp_ports 40000-40999
 """
         if self.trust is not None:
             config += f"sip_cafile {self.trust}\n"
+        if self.media_encryption is not None:
+            # Before account.so, which reads the account's mediaenc as it loads.
+            config = config.replace("module account.so", "module srtp.so\nmodule account.so")
         (self.folder / "config").write_text(config)
         account = f"<sip:caller@127.0.0.1:{self.sip_port}>;regint=0;audio_codecs=PCMU"
+        if self.media_encryption is not None:
+            account += f";mediaenc={self.media_encryption}"
         (self.folder / "accounts").write_text(account + "\n")
         self._process = await asyncio.create_subprocess_exec(
             BARESIP, "-f", str(self.folder),

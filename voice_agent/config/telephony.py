@@ -144,6 +144,12 @@ class SipSettings(Strict):
     tls: SipTls | None = None  # for a tls: listener
     # Open TCP and TLS connections at most; past it a new one is closed as it comes.
     max_connections: int = Field(default=4096, ge=1)
+    # SRTP (RFC 3711, keys in the SDP by RFC 4568): "optional" takes a caller's offer of it,
+    # "required" refuses plain RTP with 488, "off" takes plain RTP only.
+    srtp: Literal["off", "optional", "required"] = "optional"
+    # The keys travel in the SDP: over signalling that is not TLS anyone on the path reads
+    # them, so they are refused unless this says the path is private.
+    srtp_keys_over_plain_signalling: bool = False
     # The address callers reach this server at, for Contact and SDP: needed when `listen` is
     # 0.0.0.0 or behind NAT.
     public_address: str | None = None

@@ -30,12 +30,14 @@ from voice_agent.gateways.sip_tls import CHECK_S as TLS_CHECK_S
 from voice_agent.gateways.sip_tls import ServerTls
 from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.runtime.call_control import CallTransfer
+from voice_agent.sip import sdes
 from voice_agent.sip import uac as outbound
 from voice_agent.sip import uas as sip
 from voice_agent.sip.auth import Credentials, DigestAuthenticator
 from voice_agent.sip.endpoint import Action, CallEvent, SipEndpoint
 from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
+from voice_agent.sip.offer import MediaSecurity
 from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 
@@ -210,6 +212,15 @@ class SipGateway:
                 "placed calls go to the trunk over UDP: sip.listen needs a udp address",
                 key="sip.listen",
             )
+        self._srtp = settings.srtp
+        if settings.srtp != "off" and not sdes.available():
+            if settings.srtp == "required":
+                raise ConfigError(
+                    "sip.srtp: required needs pylibsrtp: pip install 'voice_agent[srtp]'",
+                    key="sip.srtp",
+                )
+            log.info("sip: SRTP offers are refused: pylibsrtp is not installed (the srtp extra)")
+            self._srtp = "off"
         public = settings.public_address or self.host
         if public in ("0.0.0.0", "::"):
             raise ConfigError(
@@ -319,6 +330,9 @@ class SipGateway:
                 allowed_sources=self._networks,
                 authenticator=authenticator,
                 max_auth_failures_per_minute=self._max_failures,
+                media_security=MediaSecurity(
+                    self._srtp, self.settings.srtp_keys_over_plain_signalling
+                ),
             )
         )
         if self.trunk is not None:
@@ -755,4 +769,8 @@ def _media_report(media: RtpSession) -> dict[str, Any]:
         "other_payload": media.stats.other_payload,
         "digits": media.stats.digits,
         "jitter_ms": round(jitter.jitter_ms, 1),
+        # The suite, never the keys; what SRTP dropped as replayed or not authentic.
+        "srtp": media.negotiated.srtp.suite if media.negotiated.srtp else None,
+        "srtp_replayed": media.stats.srtp_replayed,
+        "srtp_unauthentic": media.stats.srtp_unauthentic,
     }

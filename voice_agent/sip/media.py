@@ -10,6 +10,10 @@ caller's media to another port than it wrote.
 
 Hold (RFC 3264 section 8.4): while the caller has us on hold (sendonly, inactive, c=0.0.0.0)
 nothing is sent and the agent's audio waits in the playout, to go on when the call resumes.
+
+SRTP (RFC 3711), when the offer and answer set keys (voice_agent.sip.sdes): every packet out is
+protected and every packet in unprotected before it is read; one that fails its check (forged,
+replayed, or plain RTP on an SRTP call) is dropped and counted, and the call goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from voice_agent.audio.playout import RtpPlayout
 from voice_agent.sip.dtmf import DtmfReceiver, tone_pcm
 from voice_agent.sip.jitter import JitterBuffer
 from voice_agent.sip.rtp import RtpError, RtpSender, parse_rtp
+from voice_agent.sip.sdes import SrtpTransform
 from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 
@@ -47,6 +52,8 @@ class MediaStats:
     foreign: int = 0  # from a host that is not the caller's
     other_payload: int = 0  # a payload type the answer did not name
     digits: int = 0
+    srtp_replayed: int = 0  # SRTP packets dropped as replays
+    srtp_unauthentic: int = 0  # SRTP packets dropped as forged, corrupted or not SRTP
 
 
 class RtpSession:
@@ -76,6 +83,7 @@ class RtpSession:
         self._carrier = CarrierFormat(self.encoding, SAMPLE_RATE)
         self._keys: deque[str] = deque()  # keys to send, after the one under way
         self._key_packets: deque[bytes | None] = deque()  # this key's packets; None: silence
+        self.srtp = SrtpTransform(negotiated.srtp) if negotiated.srtp is not None else None
 
     @property
     def on_hold(self) -> bool:
@@ -97,6 +105,9 @@ class RtpSession:
         one the call started with (the pipeline's carrier); a change of it is not taken."""
         if negotiated.remote_address != self.negotiated.remote_address:
             self._latched = None
+        if negotiated.srtp != self.negotiated.srtp:
+            # New keys in the new offer and answer (RFC 4568 section 7.1.4): both ends switch.
+            self.srtp = SrtpTransform(negotiated.srtp) if negotiated.srtp is not None else None
         self.negotiated = negotiated
 
     def receive(self, data: bytes, source: Addr, now_ms: float) -> str | None:
@@ -105,6 +116,13 @@ class RtpSession:
         if host != self._signalling_host and host != self.negotiated.remote_address:
             self.stats.foreign += 1
             return None
+        if self.srtp is not None:
+            plain = self.srtp.unprotect(data)
+            self.stats.srtp_replayed = self.srtp.replayed
+            self.stats.srtp_unauthentic = self.srtp.unauthentic
+            if plain is None:
+                return None
+            data = plain
         try:
             packet = parse_rtp(data)
         except RtpError:
@@ -192,7 +210,10 @@ class RtpSession:
             return None, []
         if self.sending_digits:
             self.stats.sent += 1
-            return self._key_packet(), []
+            return self._sealed(self._key_packet()), []
         frame, heard = self.playout.next_frame(now_ms)
         self.stats.sent += 1
-        return self.sender.packet(frame, marker=self.stats.sent == 1), heard
+        return self._sealed(self.sender.packet(frame, marker=self.stats.sent == 1)), heard
+
+    def _sealed(self, packet: bytes | None) -> bytes | None:
+        return self.srtp.protect(packet) if self.srtp is not None and packet else packet

@@ -11,9 +11,10 @@ sendonly/inactive, and the RFC 2543 c=0.0.0.0); and the delayed offer, our offer
 the ACK (section 5 and 7). Not covered, as such a server needs none of it: s=/i=/u=/e=/p=/b=/
 t=/r=/z=/k= lines and type letters RFC 8866 does not define (read past, not checked; section 5
 would reject a description with an unknown letter, we are more lenient), session-level
-rtpmap/fmtp (media-level only, 6.6), several c= lines of layered multicast (5.7), SRTP
-(RTP/SAVP streams are not taken), ICE, RTCP attributes, bundling, and codecs other than
-PCMU/PCMA plus telephone-event (RFC 4733).
+rtpmap/fmtp (media-level only, 6.6), several c= lines of layered multicast (5.7), ICE,
+RTCP attributes, bundling, and codecs other than PCMU/PCMA plus telephone-event (RFC 4733).
+SRTP streams (RTP/SAVP) are read when the caller allows them (`negotiate(protocols=...)`):
+their `a=crypto` lines are kept for voice_agent.sip.sdes, which chooses the keys.
 
 Every problem with the SDP raises SdpError saying what is wrong and, where a line is at fault,
 which (its number and text); the caller answers 400. An offer that reads but has no audio we
@@ -28,11 +29,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from voice_agent.errors import VoiceAgentError
+from voice_agent.sip.sdes import SrtpKeys
 
 # An SDP for one audio call is well under 1 KiB; a body past this is not one we read (and the
 # m= line limit keeps a hostile offer from making us build a huge answer).
 MAX_SDP_BYTES = 16 * 1024
 MAX_MEDIA = 64
+MAX_CRYPTO = 16  # a=crypto lines kept per stream: offers list two or three suites
 SUPPORTED = ("PCMU", "PCMA")
 DEFAULT_PTIME_MS = 20
 TELEPHONE_EVENT = "TELEPHONE-EVENT"
@@ -79,8 +82,9 @@ _STATIC: dict[int, tuple[str, int, int]] = {
     34: ("H263", 90000, 1),
 }
 # The transports we take audio over: plain RTP, and AVPF, which an AVP receiver can talk to
-# (RFC 4585 section 5) since it only adds RTCP feedback we may ignore.
-_PLAIN_RTP = ("RTP/AVP", "RTP/AVPF")
+# (RFC 4585 section 5) since it only adds RTCP feedback we may ignore; and their SRTP forms.
+PLAIN_RTP = ("RTP/AVP", "RTP/AVPF")
+SECURE_RTP = ("RTP/SAVP", "RTP/SAVPF")
 # Encoding names are case-insensitive (RFC 4855 section 3); written the usual way in what we
 # build, as some peers compare them as written.
 _SPELLING = {TELEPHONE_EVENT: "telephone-event"}
@@ -138,6 +142,7 @@ class MediaStream:
     connection: str | None  # the media-level c= address, else the session-level one
     direction: Direction
     ptime_ms: int | None
+    crypto: tuple[str, ...] = ()  # its a=crypto values, in order (RFC 4568)
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,7 @@ class Negotiated:
     on_hold: bool
     ptime_ms: int
     stream_index: int
+    srtp: SrtpKeys | None = None  # the call's SRTP keys, once voice_agent.sip.offer chose them
 
 
 @dataclass
@@ -175,6 +181,7 @@ class _Draft:
     ptime_ms: int | None = None
     rtpmap: dict[int, tuple[str, int, int]] = field(default_factory=dict)
     fmtp: dict[str, str] = field(default_factory=dict)
+    crypto: list[str] = field(default_factory=list)
 
     @property
     def is_rtp(self) -> bool:
@@ -346,6 +353,9 @@ def _attribute(number: int, line: str, value: str, draft: _Draft, *, is_session:
         # Whole milliseconds, half up, and never 0 for a sub-millisecond ptime.
         round_up = bool(match[2]) and match[2][0] >= "5"
         draft.ptime_ms = max(1, int(match[1]) + round_up)
+    elif name == "crypto":
+        if not is_session and len(draft.crypto) < MAX_CRYPTO:  # media-level (RFC 4568 9.1)
+            draft.crypto.append(argument)
     # Any other attribute is read past (section 5.13: unknown attributes are ignored).
 
 
@@ -378,13 +388,20 @@ def _stream(draft: _Draft, session: _Draft) -> MediaStream:
         # ptime is media-level (6.4); a session-level one is taken as the streams' default,
         # as some stacks write it there and it can mean nothing else.
         ptime_ms=draft.ptime_ms if draft.ptime_ms is not None else session.ptime_ms,
+        crypto=tuple(draft.crypto),
     )
 
 
-def negotiate(offer: SessionDescription, supported: tuple[str, ...] = SUPPORTED) -> Negotiated:
+def negotiate(
+    offer: SessionDescription,
+    supported: tuple[str, ...] = SUPPORTED,
+    *,
+    protocols: tuple[str, ...] = PLAIN_RTP,
+) -> Negotiated:
     """The audio stream and codec to answer `offer` with (RFC 3264 section 6): the first
-    m=audio over RTP/AVP(F), port not 0, with a codec in `supported`; of its codecs the first
-    we support, as the offerer lists them in its order of preference (section 5.1).
+    m=audio over one of `protocols` (RTP/AVP(F) by default), port not 0, with a codec in
+    `supported`; of its codecs the first we support, as the offerer lists them in its order of
+    preference (section 5.1).
 
     Raises SdpError when the offer has no audio stream, NoCommonCodec when none we can take."""
     wanted = tuple(name.upper() for name in supported)
@@ -392,7 +409,7 @@ def negotiate(offer: SessionDescription, supported: tuple[str, ...] = SUPPORTED)
     if not audio:
         raise SdpError("the offer has no audio stream (no m=audio line)")
     for index, stream in audio:
-        if stream.port == 0 or stream.protocol.upper() not in _PLAIN_RTP:
+        if stream.port == 0 or stream.protocol.upper() not in protocols:
             continue
         codec = next((c for c in stream.codecs if _takes(c, wanted)), None)
         if codec is not None:
@@ -414,7 +431,7 @@ def _describe(stream: MediaStream) -> str:
         text = f"formats {' '.join(stream.formats)} with no a=rtpmap"
     if stream.port == 0:
         return f"{text} (disabled, port 0)"
-    if stream.protocol.upper() not in _PLAIN_RTP:
+    if stream.protocol.upper() not in PLAIN_RTP:
         return f"{text} over {stream.protocol}"
     return text
 
@@ -503,6 +520,8 @@ def build_answer(
         if negotiated.telephone_event is not None:
             codecs.append(negotiated.telephone_event)
         lines.extend(_audio_lines(port, stream.protocol, codecs))
+        if negotiated.srtp is not None:
+            lines.append(negotiated.srtp.answer_line())
         if stream.ptime_ms is not None:
             # The packet time we send with, which we would like to receive as well (RFC 3264
             # section 6.1). An offer without one gets none back: ptime is optional there, and

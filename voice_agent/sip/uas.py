@@ -43,7 +43,6 @@ import hashlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from voice_agent.sip import sdp
 from voice_agent.sip.auth import DigestAuthenticator
@@ -74,7 +73,8 @@ from voice_agent.sip.message import (
     required_extensions,
     sipfrag_status,
 )
-from voice_agent.sip.offer import BadOffer, negotiated_offer
+from voice_agent.sip.offer import BadOffer, MediaSecurity, negotiated_offer
+from voice_agent.sip.server_call import ServerCall
 from voice_agent.sip.transaction import (
     TIMEOUT_MS,
     Addr,
@@ -102,8 +102,6 @@ KNOWN_METHODS = {
 SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
 _REQUIRED = ("via", "from", "to", "call-id", "cseq")
 
-CallState = Literal["offered", "answered", "confirmed", "ended"]
-
 
 @dataclass(frozen=True)
 class UasSettings:
@@ -116,6 +114,7 @@ class UasSettings:
     authenticator: DigestAuthenticator | None = None
     max_calls: int = 1000
     max_auth_failures_per_minute: int = 10
+    media_security: MediaSecurity = field(default_factory=MediaSecurity)
     user_agent: str = "voice-agent"
 
 
@@ -144,51 +143,11 @@ Action = (
 )
 
 
-@dataclass(eq=False)
-class _Call:
-    call_id: str
-    invite: SipMessage
-    invite_key: TransactionKey
-    source: Addr
-    response_addr: Addr
-    local_tag: str
-    negotiated: sdp.Negotiated | None
-    state: CallState = "offered"
-    dialog: Dialog | None = None
-    last_response: bytes = b""  # the latest response to the call's INVITE
-    reinvite_response: bytes = b""  # the latest response to a re-INVITE
-    retransmit: Retransmission | None = None  # our 2xx or non-2xx until its ACK
-    retransmit_2xx: bool = False  # its timing out without an ACK ends the call
-    waiting_ack_cseq: int | None = None
-    our_offer: sdp.SessionDescription | None = None  # while the answer is due in an ACK
-    reinvite_key: TransactionKey | None = None
-    media_addr: Addr | None = None
-    sdp_version: int = 0
-    bye: Retransmission | None = None
-    bye_branch: str | None = None
-    bye_after_ack: bool = False
-    refer: Retransmission | None = None  # our REFER, until its final response
-    refer_branch: str | None = None
-    referred: bool = False  # a REFER was sent: its NOTIFYs are expected
-    expires_ms: float | None = None  # an ended call is kept this long for retransmissions
-
-    @property
-    def over_stream(self) -> bool:
-        return self.invite.vias[0].over_stream
-
-    @property
-    def deadline_ms(self) -> float | None:
-        times = [t.deadline_ms for t in (self.retransmit, self.bye, self.refer) if t is not None]
-        if self.expires_ms is not None:
-            times.append(self.expires_ms)
-        return min(times, default=None)
-
-
 @dataclass
 class UserAgentServer:
     settings: UasSettings
     make_id: Callable[[], str] = field(default=lambda: secrets.token_hex(8))
-    calls: dict[str, _Call] = field(default_factory=dict)
+    calls: dict[str, ServerCall] = field(default_factory=dict)
     # A draining server (voice_agent.server.drain) answers new INVITEs and OPTIONS with 503:
     # a proxy's OPTIONS probe (Kamailio's dispatcher) then takes this host out of rotation,
     # while the calls in progress go on.
@@ -463,10 +422,10 @@ class UserAgentServer:
         ):
             return self._refuse(invite, source, 503, "at max_calls", headers=[("Retry-After", "5")])
         try:
-            negotiated = negotiated_offer(invite)
+            negotiated = negotiated_offer(invite, self.settings.media_security)
         except BadOffer as bad:
             return self._refuse(invite, source, bad.status, bad.reason, headers=bad.headers)
-        call = _Call(
+        call = ServerCall(
             call_id=invite.call_id,
             invite=invite,
             invite_key=key,
@@ -483,7 +442,7 @@ class UserAgentServer:
         ]
 
     def _reinvite(
-        self, call: _Call, invite: SipMessage, key: TransactionKey, source: Addr, now_ms: float
+        self, call: ServerCall, invite: SipMessage, key: TransactionKey, source: Addr, now_ms: float
     ) -> list[Action]:
         assert call.dialog is not None
         if key == call.reinvite_key and call.reinvite_response:
@@ -504,7 +463,7 @@ class UserAgentServer:
         call.dialog.remote_cseq = number
         call.reinvite_key = key
         try:
-            negotiated = negotiated_offer(invite)
+            negotiated = negotiated_offer(invite, self.settings.media_security)
         except BadOffer as bad:
             # Section 14.2: a refused re-INVITE leaves the session as it was.
             response = build_response(
@@ -614,7 +573,12 @@ class UserAgentServer:
         return actions
 
     def _notify(
-        self, call: _Call, request: SipMessage, key: TransactionKey, source: Addr, now_ms: float
+        self,
+        call: ServerCall,
+        request: SipMessage,
+        key: TransactionKey,
+        source: Addr,
+        now_ms: float,
     ) -> list[Action]:
         event = (request.get("event") or "").split(";", 1)[0].strip().lower()
         if not call.referred or event != "refer":
@@ -672,18 +636,16 @@ class UserAgentServer:
             return f"<sip:{local}>"
         return f"<sip:{local};transport={transport.lower()}>"
 
-    def _session_body(self, call: _Call, request: SipMessage) -> bytes | None:
+    def _session_body(self, call: ServerCall, request: SipMessage) -> bytes | None:
         """The SDP of our 2xx: the answer to the request's offer, or our offer if it had none."""
         assert call.media_addr is not None
         host, port = call.media_addr
         call.sdp_version += 1
         session_id = str(abs(hash(call.call_id)) % 10**10)
-        if request.body:
-            offer = sdp.parse_sdp(request.body)
-            negotiated = sdp.negotiate(offer)
+        if request.body and call.negotiated is not None:  # the request's, read as it came
             return sdp.build_answer(
-                offer,
-                negotiated,
+                sdp.parse_sdp(request.body),
+                call.negotiated,
                 address=host,
                 port=port,
                 session_id=session_id,
@@ -696,7 +658,7 @@ class UserAgentServer:
         return body
 
     def _send_2xx(
-        self, call: _Call, request: SipMessage, number: int, body: bytes, now_ms: float
+        self, call: ServerCall, request: SipMessage, number: int, body: bytes, now_ms: float
     ) -> list[Action]:
         headers = [
             *self._common(),
@@ -715,7 +677,7 @@ class UserAgentServer:
         call.waiting_ack_cseq = number
         return [Send(response, call.response_addr)]
 
-    def _final(self, call: _Call, status: int, reason: str) -> bytes:
+    def _final(self, call: ServerCall, status: int, reason: str) -> bytes:
         headers = self._common()
         if reason:
             headers = [*headers, ("Reason", f'SIP;cause={status};text="{quoted(reason)}"')]
@@ -723,7 +685,9 @@ class UserAgentServer:
         call.last_response = response
         return response
 
-    def _end(self, call: _Call, now_ms: float, reason: str, *, bye: bool = False) -> list[Action]:
+    def _end(
+        self, call: ServerCall, now_ms: float, reason: str, *, bye: bool = False
+    ) -> list[Action]:
         actions: list[Action] = []
         if bye and call.dialog is not None and call.bye is None:
             branch = self.make_id()
@@ -747,13 +711,13 @@ class UserAgentServer:
         call.expires_ms = now_ms + TIMEOUT_MS
         return actions
 
-    def _forget_refer(self, call: _Call) -> None:
+    def _forget_refer(self, call: ServerCall) -> None:
         call.refer = None
         if call.refer_branch is not None:
             self._branches.pop(call.refer_branch, None)
             call.refer_branch = None
 
-    def _forget_bye(self, call: _Call) -> None:
+    def _forget_bye(self, call: ServerCall) -> None:
         call.bye = None
         if call.bye_branch is not None:
             self._branches.pop(call.bye_branch, None)
