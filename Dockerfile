@@ -11,7 +11,7 @@ COPY pyproject.toml README.md ./
 COPY scripts/ scripts/
 COPY voice_agent/ voice_agent/
 # The extras scripts/run installs; tests/test_dockerfile.py keeps the two in step.
-RUN bash -c 'source scripts/_env.sh && ensure_installed "webrtc,whisper,nlu" && ensure_smart_turn && ensure_minilm' \
+RUN bash -c 'source scripts/_env.sh && ensure_installed "webrtc,srtp,whisper,nlu" && ensure_smart_turn && ensure_minilm' \
     && find .venv -name __pycache__ -prune -exec rm -rf {} +
 
 FROM python:3.11-slim AS runtime

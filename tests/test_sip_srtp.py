@@ -14,6 +14,7 @@ import pytest
 
 from tests.test_sip_uas import CONNECTION, MEDIA_HOST, MEDIA_PORT, invite, make_uas, of_type
 from voice_agent.audio.g711 import ulaw_encode
+from voice_agent.observability.metrics import ServerMetrics
 from voice_agent.sip.media import RtpSession
 from voice_agent.sip.message import parse_message
 from voice_agent.sip.offer import MediaSecurity
@@ -172,3 +173,13 @@ def test_a_calls_packets_are_protected_both_ways_and_forgeries_are_dropped() -> 
     plain = phone.unprotect(packet)
     assert plain is not None and len(plain) == 12 + 160
     assert packet[12:172] != plain[12:]  # what goes on the wire is not the audio
+
+
+def test_what_srtp_dropped_on_a_call_is_counted_in_the_metrics() -> None:
+    metrics = ServerMetrics(process_metrics=False)
+    metrics.sip_media_report({"srtp": "AES_CM_128_HMAC_SHA1_80", "srtp_replayed": 2})
+    metrics.sip_media_report({"srtp": None, "srtp_replayed": 0, "srtp_unauthentic": 0})
+    metrics.sip_media_report({"srtp": "AEAD_AES_128_GCM", "srtp_unauthentic": 3})
+    text = metrics.render()[0].decode()
+    assert 'voice_agent_srtp_dropped_total{reason="replayed"} 2.0' in text
+    assert 'voice_agent_srtp_dropped_total{reason="unauthentic"} 3.0' in text

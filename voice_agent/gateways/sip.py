@@ -187,6 +187,7 @@ class SipGateway:
         secrets: Mapping[str, str],
         on_refused: Callable[[sip.Refused], None] | None = None,
         on_connection_closed: Callable[[str], None] | None = None,
+        on_media_report: Callable[[dict[str, Any]], None] | None = None,
         max_failed_auth_per_minute: int = 10,
     ) -> None:
         self.settings = settings
@@ -234,6 +235,7 @@ class SipGateway:
         self._agents = agents
         self._on_refused = on_refused
         self._on_connection_closed = on_connection_closed
+        self._on_media_report = on_media_report  # each call's rtp report, as it ends
         self._max_failures = max_failed_auth_per_minute
         credentials = {}
         for user, secret in settings.credentials.items():
@@ -693,7 +695,10 @@ class SipGateway:
         if call.pipeline is not None:
             if call.media is not None:
                 # What the line carried, in the call's audit: packets, losses, strays.
-                call.pipeline.session.audit.add("rtp", **_media_report(call.media))
+                report = _media_report(call.media)
+                call.pipeline.session.audit.add("rtp", **report)
+                if self._on_media_report is not None:
+                    self._on_media_report(report)
             await call.pipeline.hang_up(reason)
         if call.transport is not None:
             call.transport.close()

@@ -165,6 +165,13 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self.srtp_dropped = Counter(
+            f"{PREFIX}_srtp_dropped",
+            "SRTP packets of SIP calls dropped: replayed, or unauthentic (forged, corrupted, or"
+            " plain RTP on an SRTP call); counted as each call ends.",
+            ["reason"],
+            registry=r,
+        )
         self.barge_ins = Counter(
             f"{PREFIX}_barge_ins", "Times the caller cut the agent off.", registry=r
         )
@@ -253,6 +260,13 @@ class ServerMetrics:
 
     def sip_connection_closed(self, reason: str) -> None:
         self.sip_connections_closed.labels(reason).inc()
+
+    def sip_media_report(self, report: Mapping[str, Any]) -> None:
+        """A SIP call's rtp report as it ends (voice_agent.gateways.sip)."""
+        for reason in ("replayed", "unauthentic"):
+            count = report.get(f"srtp_{reason}") or 0
+            if count:
+                self.srtp_dropped.labels(reason).inc(count)
 
     def admission_refused(self, reason: str) -> None:
         self.admissions_refused.labels(_label(reason)).inc()
