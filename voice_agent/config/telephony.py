@@ -175,6 +175,28 @@ class SipSettings(Strict):
     # Ring (180) this long before answering; 0 answers at once.
     answer_after_ms: float = Field(default=0.0, ge=0, le=60_000)
     trunk: SipTrunk | None = None  # for calls the server places; none: POST /calls is off
+    registrations: list[SipRegistration] = Field(default_factory=list)  # over UDP
+
+
+class SipRegistration(Strict):
+    """A registrar this server registers with (RFC 3261 section 10), so the calls for `user`
+    come to it: a PBX or a hosted trunk that delivers calls to registered contacts only."""
+
+    @field_validator("registrar")
+    @classmethod
+    def _registrar(cls, value: str) -> str:
+        split_host_port(value)  # ValueError says what is wrong
+        return value
+
+    registrar: str  # "HOST:PORT" (an IP address: no DNS lookups)
+    user: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.!~*'()&=+$,;?/%+-]+$")
+    domain: str | None = None  # the address of record's host; None: the registrar's
+    # Digest credentials if it challenges: the name (None: `user`) and the secret holding the
+    # password.
+    auth_user: str | None = None
+    password_secret: str | None = None
+    expires: int = Field(default=600, ge=60, le=86400)  # seconds asked for; refreshed before
+    name: str | None = None  # for logs, metrics and /healthz; None: user@registrar
 
 
 class AudioSocketRoute(Strict):

@@ -24,6 +24,7 @@ from voice_agent.audio.pacing import PhasedPacer
 from voice_agent.config import SipSettings, sip_listeners, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.gateways.rtp_ports import RtpPorts
+from voice_agent.gateways.sip_registrations import RegistrationStates, registrations_from
 from voice_agent.gateways.sip_routes import failure_reason, refer_target, route_call
 from voice_agent.gateways.sip_streams import SipConnections, make_room
 from voice_agent.gateways.sip_tls import CHECK_S as TLS_CHECK_S
@@ -38,6 +39,7 @@ from voice_agent.sip.endpoint import Action, CallEvent, SipEndpoint
 from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
 from voice_agent.sip.offer import MediaSecurity
+from voice_agent.sip.registration import RegistrationChanged
 from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 
@@ -188,6 +190,7 @@ class SipGateway:
         on_refused: Callable[[sip.Refused], None] | None = None,
         on_connection_closed: Callable[[str], None] | None = None,
         on_media_report: Callable[[dict[str, Any]], None] | None = None,
+        on_registration: Callable[[RegistrationChanged], None] | None = None,
         max_failed_auth_per_minute: int = 10,
     ) -> None:
         self.settings = settings
@@ -208,9 +211,9 @@ class SipGateway:
         self.stream_ports: dict[str, int] = {}  # "TCP", "TLS": the ports bound, once started
         self.connections: SipConnections | None = None
         self._tls_watch: asyncio.TimerHandle | None = None
-        if settings.trunk is not None and udp is None:
+        if (settings.trunk is not None or settings.registrations) and udp is None:
             raise ConfigError(
-                "placed calls go to the trunk over UDP: sip.listen needs a udp address",
+                "placed calls and registrations go over UDP: sip.listen needs a udp address",
                 key="sip.listen",
             )
         self._srtp = settings.srtp
@@ -236,6 +239,9 @@ class SipGateway:
         self._on_refused = on_refused
         self._on_connection_closed = on_connection_closed
         self._on_media_report = on_media_report  # each call's rtp report, as it ends
+        self._on_registration = on_registration
+        self._secrets = secrets
+        self.registrations = RegistrationStates()
         self._max_failures = max_failed_auth_per_minute
         credentials = {}
         for user, secret in settings.credentials.items():
@@ -346,7 +352,11 @@ class SipGateway:
                     ring_timeout_ms=self.trunk.ring_timeout_s * 1000,
                 )
             )
-        self.endpoint = SipEndpoint(self.uas, self.uac)
+        registrations = registrations_from(
+            self.settings, self._secrets, host=self.public, port=self.port
+        )
+        self.endpoint = SipEndpoint(self.uas, self.uac, registrations)
+        self._apply(self.endpoint.register(self.now_ms()))
         where = [f"udp {self.host}:{self.port}"] if self._udp else []
         where += [
             f"{item.transport} {item.host}:{self.stream_ports[item.transport.upper()]}"
@@ -371,11 +381,16 @@ class SipGateway:
         )
 
     def drain(self) -> None:
-        """New INVITEs and OPTIONS get 503 from now on; the calls in progress go on."""
+        """New INVITEs and OPTIONS get 503 from now on, and the registrars are told to send no
+        more (Expires: 0); the calls in progress go on."""
         if self.uas is not None:
             self.uas.draining = True
+        if self.endpoint is not None:
+            self._apply(self.endpoint.unregister(self.now_ms()))
 
     async def stop(self, reason: str = "server shutting down") -> None:
+        if self.endpoint is not None:
+            self._apply(self.endpoint.unregister(self.now_ms()))  # unless draining did
         for call_id in list(self.calls):
             self.hang_up(call_id, reason)
         if self._tasks:
@@ -462,6 +477,10 @@ class SipGateway:
                 log.info("sip call %s: ringing (%d)", action.call_id, action.status)
             elif isinstance(action, outbound.Dialing):
                 pass  # _place reads it from dial()'s own actions
+            elif isinstance(action, RegistrationChanged):
+                self.registrations.changed(action)
+                if self._on_registration is not None:
+                    self._on_registration(action)
             else:
                 call = self.calls.get(action.call_id)
                 if call is not None:
@@ -695,7 +714,7 @@ class SipGateway:
         if call.pipeline is not None:
             if call.media is not None:
                 # What the line carried, in the call's audit: packets, losses, strays.
-                report = _media_report(call.media)
+                report = call.media.report()
                 call.pipeline.session.audit.add("rtp", **report)
                 if self._on_media_report is not None:
                     self._on_media_report(report)
@@ -758,24 +777,3 @@ class SipGateway:
 
 async def _first(*futures: asyncio.Future[Any]) -> None:
     await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
-
-
-def _media_report(media: RtpSession) -> dict[str, Any]:
-    jitter = media.jitter.stats
-    return {
-        "codec": media.negotiated.codec.name,
-        "received": media.stats.received,
-        "sent": media.stats.sent,
-        "lost": jitter.lost,
-        "late": jitter.late,
-        "underruns": jitter.underruns,
-        "foreign": media.stats.foreign,
-        "unreadable": media.stats.unreadable,
-        "other_payload": media.stats.other_payload,
-        "digits": media.stats.digits,
-        "jitter_ms": round(jitter.jitter_ms, 1),
-        # The suite, never the keys; what SRTP dropped as replayed or not authentic.
-        "srtp": media.negotiated.srtp.suite if media.negotiated.srtp else None,
-        "srtp_replayed": media.stats.srtp_replayed,
-        "srtp_unauthentic": media.stats.srtp_unauthentic,
-    }

@@ -165,6 +165,12 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self.sip_registered = Gauge(
+            f"{PREFIX}_sip_registered",
+            "1 while the registrar holds this server's binding (sip.registrations), else 0.",
+            ["registration"],
+            registry=r,
+        )
         self.srtp_dropped = Counter(
             f"{PREFIX}_srtp_dropped",
             "SRTP packets of SIP calls dropped: replayed, or unauthentic (forged, corrupted, or"
@@ -260,6 +266,9 @@ class ServerMetrics:
 
     def sip_connection_closed(self, reason: str) -> None:
         self.sip_connections_closed.labels(reason).inc()
+
+    def sip_registration(self, name: str, state: str) -> None:
+        self.sip_registered.labels(name).set(1 if state == "registered" else 0)
 
     def sip_media_report(self, report: Mapping[str, Any]) -> None:
         """A SIP call's rtp report as it ends (voice_agent.gateways.sip)."""

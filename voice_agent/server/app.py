@@ -156,6 +156,9 @@ class VoiceServer:
                 on_refused=lambda refused: self.metrics.sip_request_refused(refused.status),
                 on_connection_closed=lambda reason: self.metrics.sip_connection_closed(reason),
                 on_media_report=lambda report: self.metrics.sip_media_report(report),
+                on_registration=lambda change: self.metrics.sip_registration(
+                    change.name, change.state
+                ),
                 max_failed_auth_per_minute=registry.loaded.config.server.max_failed_auth_per_minute,
             )
             if listen

@@ -86,6 +86,8 @@ def _health(server: VoiceServer) -> Response:
             "loop_lag_ms": round(server.loop_lag_ms, 1),
             "loop_lag_max_ms": round(server.loop_lag_max_ms, 1),
             "refused_calls": server.refused_calls,
+            # Each registrar's last word on this server's binding (sip.registrations).
+            "sip_registrations": server.sip.registrations.states if server.sip else {},
             # For leak soaks: these return to their idle values between calls.
             "asyncio_tasks": len(asyncio.all_tasks()),
             "threads": threading.active_count(),

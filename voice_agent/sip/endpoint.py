@@ -1,5 +1,6 @@
-"""One SIP endpoint, sans-I/O: the calls that come in (voice_agent.sip.uas) and the calls the
-server places (voice_agent.sip.uac) behind one `datagram / tick / next_deadline_ms -> actions`.
+"""One SIP endpoint, sans-I/O: the calls that come in (voice_agent.sip.uas), the calls the
+server places (voice_agent.sip.uac) and its registrations (voice_agent.sip.registration) behind
+one `datagram / tick / next_deadline_ms -> actions`.
 
     endpoint = SipEndpoint(uas, uac)               # uac None: no trunk to place calls through
     actions = endpoint.datagram(data, source, now_ms)
@@ -19,10 +20,11 @@ from collections.abc import Sequence
 from voice_agent.sip import events
 from voice_agent.sip import uac as client
 from voice_agent.sip import uas as server
-from voice_agent.sip.message import SipMessage
+from voice_agent.sip.message import SipMessage, SipParseError
+from voice_agent.sip.registration import Registration, RegistrationChanged
 from voice_agent.sip.transaction import Addr
 
-Action = server.Action | client.Action
+Action = server.Action | client.Action | RegistrationChanged
 # The actions about one live call (all of voice_agent.sip.events but Send, Refused, IncomingCall,
 # Ringing and Dialing), whichever user agent holds it.
 CallEvent = (
@@ -40,29 +42,49 @@ CallEvent = (
 
 class SipEndpoint:
     def __init__(
-        self, uas: server.UserAgentServer, uac: client.UserAgentClient | None = None
+        self,
+        uas: server.UserAgentServer,
+        uac: client.UserAgentClient | None = None,
+        registrations: Sequence[Registration] = (),
     ) -> None:
         self.uas = uas
         self.uac = uac
+        # Bindings with registrars (voice_agent.sip.registration), by their REGISTERs' Call-ID.
+        self.registrations = {registration.call_id: registration for registration in registrations}
 
     def datagram(self, data: bytes, source: Addr, now_ms: float) -> Sequence[Action]:
         read = server.read_datagram(data, source)
         if not isinstance(read, SipMessage):
             return [read] if read is not None else []
-        if self.uac is not None and self._placed(read.get("call-id")):
+        call_id = read.get("call-id")
+        if self.uac is not None and self._placed(call_id):
             return self.uac.message(read, source, now_ms)
+        registration = self.registrations.get(call_id or "")
+        if registration is not None and read.status is not None and _of_register(read):
+            return registration.response(read, now_ms)
         return self.uas.message(read, source, now_ms)
+
+    def register(self, now_ms: float) -> list[Action]:
+        """Every registration's first REGISTER."""
+        return [a for r in self.registrations.values() for a in r.start(now_ms)]
+
+    def unregister(self, now_ms: float) -> list[Action]:
+        """Every binding removed (the server drains)."""
+        return [a for r in self.registrations.values() for a in r.stop(now_ms)]
 
     def tick(self, now_ms: float) -> list[Action]:
         actions: list[Action] = list(self.uas.tick(now_ms))
         if self.uac is not None:
             actions += self.uac.tick(now_ms)
+        for registration in self.registrations.values():
+            actions += registration.tick(now_ms)
         return actions
 
     def next_deadline_ms(self) -> float | None:
         deadlines = [self.uas.next_deadline_ms()]
         if self.uac is not None:
             deadlines.append(self.uac.next_deadline_ms())
+        deadlines += [r.next_deadline_ms() for r in self.registrations.values()]
         return min((d for d in deadlines if d is not None), default=None)
 
     def hang_up(self, call_id: str, now_ms: float, reason: str) -> Sequence[Action]:
@@ -74,3 +96,10 @@ class SipEndpoint:
 
     def _placed(self, call_id: str | None) -> bool:
         return self.uac is not None and call_id is not None and call_id in self.uac.calls
+
+
+def _of_register(response: SipMessage) -> bool:
+    try:
+        return response.cseq[1] == "REGISTER"
+    except SipParseError:
+        return False  # the user agent server answers what does not read

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from voice_agent.audio.codec import CarrierFormat
 from voice_agent.audio.playout import RtpPlayout
@@ -214,6 +214,28 @@ class RtpSession:
         frame, heard = self.playout.next_frame(now_ms)
         self.stats.sent += 1
         return self._sealed(self.sender.packet(frame, marker=self.stats.sent == 1)), heard
+
+    def report(self) -> dict[str, Any]:
+        """The call's media as it ends, for its `rtp` audit entry: what came and went, and what
+        was dropped and why. The SRTP suite, never its keys."""
+        jitter = self.jitter.stats
+        stats = self.stats
+        return {
+            "codec": self.negotiated.codec.name,
+            "received": stats.received,
+            "sent": stats.sent,
+            "lost": jitter.lost,
+            "late": jitter.late,
+            "underruns": jitter.underruns,
+            "foreign": stats.foreign,
+            "unreadable": stats.unreadable,
+            "other_payload": stats.other_payload,
+            "digits": stats.digits,
+            "jitter_ms": round(jitter.jitter_ms, 1),
+            "srtp": self.negotiated.srtp.suite if self.negotiated.srtp else None,
+            "srtp_replayed": stats.srtp_replayed,
+            "srtp_unauthentic": stats.srtp_unauthentic,
+        }
 
     def _sealed(self, packet: bytes | None) -> bytes | None:
         return self.srtp.protect(packet) if self.srtp is not None and packet else packet
