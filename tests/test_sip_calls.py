@@ -14,7 +14,6 @@ import os
 import random
 import socket
 import struct
-import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest_asyncio
 
 from tests.support.baresip import Baresip, write_line
 from tests.support.configs import GREETING, QUICK_VOICE, default_config_with, ended_call, serving
-from tests.support.live_calls import CallAudit, new_pipeline, spoken_parts
+from tests.support.live_calls import CallAudit, new_pipeline, recorded, words_in
 from tests.support.sipp import (
     PCAPS,
     SippResult,
@@ -33,11 +32,8 @@ from tests.support.sipp import (
     scenario,
     write_rtp_pcap,
 )
-from tests.support.speech_eval import transcribe
 from voice_agent.audio.g711 import ulaw_decode, ulaw_encode
 from voice_agent.audio.resample import resample
-from voice_agent.engines.stt import SttConfig, make_stt
-from voice_agent.engines.stt.scoring import spoken_words
 from voice_agent.engines.tts.piper import default_voice_paths, load_voice
 from voice_agent.server.app import VoiceServer
 from voice_agent.sip.message import parse_message
@@ -497,14 +493,7 @@ async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
     assert call["end_reason"] == "agent ended the call"
     assert [t["function"] for t in audit(call, "trigger")] == ["on_keypad"]
     assert call["state"]["phone"] == "88005553535" and call["state"]["party_size"] == 2
-    with wave.open(str(phone.heard())) as heard:
-        recording = heard.readframes(heard.getnframes())
-    stt = make_stt(SttConfig(provider="whisper", model="tiny.en", processes=1))
-    try:
-        said = " ".join([await transcribe(stt, part) for part in spoken_parts(recording)])
-    finally:
-        await stt.aclose()
-    said = " ".join(spoken_words(said))
+    (said,) = await words_in(recorded(phone.heard()))
     assert read_back.data["interrupted"], read_back.data
     committed = read_back.data["committed"]
     assert committed and read_back.data["generated"].startswith(committed)

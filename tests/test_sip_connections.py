@@ -11,7 +11,6 @@ import logging
 import os
 import resource
 import ssl
-import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,10 @@ import pytest_asyncio
 
 from tests.support.baresip import Baresip, write_line
 from tests.support.configs import QUICK_VOICE, default_config_with, serving
-from tests.support.live_calls import CallAudit, new_pipeline, spoken_parts
+from tests.support.live_calls import CallAudit, new_pipeline, recorded, words_in
 from tests.support.sipp import run_sipp
-from tests.support.speech_eval import transcribe
 from tests.support.tls import CertificateAuthority, Issued
 from voice_agent.audio.g711 import ulaw_decode
-from voice_agent.engines.stt import SttConfig, make_stt
-from voice_agent.engines.stt.scoring import spoken_words
 from voice_agent.gateways import sip_streams
 from voice_agent.gateways.sip import SipGateway
 from voice_agent.server.app import VoiceServer
@@ -158,14 +154,8 @@ async def test_baresip_calls_over_tls_and_hears_the_agent(
     finally:
         await phone.close()
     assert (await last_call(server))["end_reason"] == "caller hung up"
-    with wave.open(str(phone.heard())) as heard:
-        recording = heard.readframes(heard.getnframes())
-    stt = make_stt(SttConfig(provider="whisper", model="tiny.en", processes=1))
-    try:
-        said = " ".join([await transcribe(stt, part) for part in spoken_parts(recording)])
-    finally:
-        await stt.aclose()
-    assert "thanks for calling bella vista" in " ".join(spoken_words(said)), said
+    (said,) = await words_in(recorded(phone.heard()))
+    assert "thanks for calling bella vista" in said, said
 
 
 async def test_baresip_over_tls_with_srtp_required_talks_and_nothing_is_in_the_clear(
@@ -201,15 +191,9 @@ async def test_baresip_over_tls_with_srtp_required_talks_and_nothing_is_in_the_c
     assert report["srtp_unauthentic"] == 0 and report["received"] > 100, report
     assert "table" in heard.data["text"], heard.data
     assert len(wire_out) > 100 and len(wire_in) > 100
-    with wave.open(str(phone.heard())) as recorded:
-        recording = recorded.readframes(recorded.getnframes())
-    stt = make_stt(SttConfig(provider="whisper", model="tiny.en", processes=1))
-    try:
-        said = await heard_in(stt, recording)
-        agent_on_wire = await heard_in(stt, as_audio(wire_out))
-        caller_on_wire = await heard_in(stt, as_audio(wire_in))
-    finally:
-        await stt.aclose()
+    said, agent_on_wire, caller_on_wire = await words_in(
+        recorded(phone.heard()), as_audio(wire_out), as_audio(wire_in)
+    )
     assert "bella vista" in said, said
     assert "bella vista" not in agent_on_wire and "calling" not in agent_on_wire, agent_on_wire
     assert "table" not in caller_on_wire and "tomorrow" not in caller_on_wire, caller_on_wire
@@ -236,11 +220,6 @@ def tap(media: RtpSession, sent: list[bytes], received: list[bytes]) -> None:
 def as_audio(packets: list[bytes]) -> bytes:
     """The packets' payloads (past the 12-byte RTP header) read as mu-law: 8 kHz PCM."""
     return ulaw_decode(b"".join(packet[12:172] for packet in packets))
-
-
-async def heard_in(stt: Any, pcm: bytes) -> str:
-    words = [await transcribe(stt, part) for part in spoken_parts(pcm)]
-    return " ".join(spoken_words(" ".join(words)))
 
 
 # ---- TLS: what a client is shown and must show -------------------------------------------------

@@ -1,13 +1,19 @@
 """Watching a call a real peer makes, from the test's side: the pipeline it starts, its audit
-events as they happen, and what a peer recorded of the agent cut into its spoken parts."""
+events as they happen, and what a peer recorded of the agent cut into its spoken parts and
+transcribed."""
 
 from __future__ import annotations
 
 import asyncio
+import wave
+from pathlib import Path
 
 import numpy as np
 
+from tests.support.speech_eval import transcribe
 from voice_agent.audio.resample import resample
+from voice_agent.engines.stt import SttConfig, make_stt
+from voice_agent.engines.stt.scoring import spoken_words
 from voice_agent.pipeline.driver import CallPipeline
 from voice_agent.runtime.audit import AuditEvent
 from voice_agent.server.app import VoiceServer
@@ -55,3 +61,22 @@ def spoken_parts(pcm: bytes, rate: int = 8000) -> list[bytes]:
                 parts.append(resample(pcm[start * frame * 2 : end * frame * 2], rate, 16000))
                 start, quiet = None, 0
     return parts
+
+
+def recorded(path: Path) -> bytes:
+    """The frames of a WAV a peer recorded (8 kHz 16-bit mono)."""
+    with wave.open(str(path)) as recording:
+        return recording.readframes(recording.getnframes())
+
+
+async def words_in(*recordings: bytes) -> list[str]:
+    """What Whisper tiny.en hears in each 8 kHz recording, part by part, as spoken words."""
+    stt = make_stt(SttConfig(provider="whisper", model="tiny.en", processes=1))
+    try:
+        heard = []
+        for pcm in recordings:
+            parts = [await transcribe(stt, part) for part in spoken_parts(pcm)]
+            heard.append(" ".join(spoken_words(" ".join(parts))))
+        return heard
+    finally:
+        await stt.aclose()
