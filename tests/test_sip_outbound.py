@@ -39,6 +39,8 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voic
                 "password_secret": "trunk_password",
                 "caller_id": "+14155550100",
                 "ring_timeout_s": 20,
+                # Each test's sipp callee takes one call and nothing else: no OPTIONS probe.
+                "options_interval_s": 0,
             }
         },
     )

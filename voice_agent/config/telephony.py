@@ -104,6 +104,8 @@ class SipTrunk(Strict):
     caller_id: str = "voice-agent"  # the From user part: the number the callee sees
     ring_timeout_s: float = Field(default=45.0, gt=0, le=300)
     calls_per_minute: int = Field(default=10, ge=1)  # placed calls, a guard against abuse
+    # An OPTIONS to the trunk this often, to know it answers (metrics, /healthz); 0: never.
+    options_interval_s: float = Field(default=30.0, ge=0, le=3600)
 
 
 class SipSettings(Strict):

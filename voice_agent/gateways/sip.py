@@ -24,7 +24,11 @@ from voice_agent.audio.pacing import PhasedPacer
 from voice_agent.config import SipSettings, sip_listeners, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.gateways.rtp_ports import RtpPorts
-from voice_agent.gateways.sip_registrations import RegistrationStates, registrations_from
+from voice_agent.gateways.sip_registrations import (
+    RegistrationStates,
+    registrations_from,
+    trunk_probe,
+)
 from voice_agent.gateways.sip_routes import failure_reason, refer_target, route_call
 from voice_agent.gateways.sip_streams import SipConnections, make_room
 from voice_agent.gateways.sip_tls import CHECK_S as TLS_CHECK_S
@@ -42,6 +46,7 @@ from voice_agent.sip.offer import MediaSecurity
 from voice_agent.sip.registration import RegistrationChanged
 from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
+from voice_agent.sip.trunk_probe import TrunkReachability
 
 log = logging.getLogger("voice_agent.server")
 
@@ -191,6 +196,7 @@ class SipGateway:
         on_connection_closed: Callable[[str], None] | None = None,
         on_media_report: Callable[[dict[str, Any]], None] | None = None,
         on_registration: Callable[[RegistrationChanged], None] | None = None,
+        on_trunk: Callable[[bool], None] | None = None,
         max_failed_auth_per_minute: int = 10,
     ) -> None:
         self.settings = settings
@@ -240,6 +246,7 @@ class SipGateway:
         self._on_connection_closed = on_connection_closed
         self._on_media_report = on_media_report  # each call's rtp report, as it ends
         self._on_registration = on_registration
+        self._on_trunk = on_trunk
         self._secrets = secrets
         self.registrations = RegistrationStates()
         self._max_failures = max_failed_auth_per_minute
@@ -355,7 +362,10 @@ class SipGateway:
         registrations = registrations_from(
             self.settings, self._secrets, host=self.public, port=self.port
         )
-        self.endpoint = SipEndpoint(self.uas, self.uac, registrations)
+        probe = None
+        if self.trunk is not None and self.trunk.options_interval_s > 0:
+            probe = trunk_probe(self.trunk, self._trunk_addr, host=self.public, port=self.port)
+        self.endpoint = SipEndpoint(self.uas, self.uac, registrations, probe)
         self._apply(self.endpoint.register(self.now_ms()))
         where = [f"udp {self.host}:{self.port}"] if self._udp else []
         where += [
@@ -481,6 +491,10 @@ class SipGateway:
                 self.registrations.changed(action)
                 if self._on_registration is not None:
                     self._on_registration(action)
+            elif isinstance(action, TrunkReachability):
+                self.registrations.trunk(action)
+                if self._on_trunk is not None:
+                    self._on_trunk(action.reachable)
             else:
                 call = self.calls.get(action.call_id)
                 if call is not None:

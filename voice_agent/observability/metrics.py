@@ -171,6 +171,11 @@ class ServerMetrics:
             ["registration"],
             registry=r,
         )
+        self.sip_trunk_reachable = Gauge(
+            f"{PREFIX}_sip_trunk_reachable",
+            "1 while the SIP trunk answers its OPTIONS probe (sip.trunk.options_interval_s).",
+            registry=r,
+        )
         self.srtp_dropped = Counter(
             f"{PREFIX}_srtp_dropped",
             "SRTP packets of SIP calls dropped: replayed, or unauthentic (forged, corrupted, or"

@@ -159,6 +159,7 @@ class VoiceServer:
                 on_registration=lambda change: self.metrics.sip_registration(
                     change.name, change.state
                 ),
+                on_trunk=lambda reachable: self.metrics.sip_trunk_reachable.set(int(reachable)),
                 max_failed_auth_per_minute=registry.loaded.config.server.max_failed_auth_per_minute,
             )
             if listen

@@ -88,6 +88,7 @@ def _health(server: VoiceServer) -> Response:
             "refused_calls": server.refused_calls,
             # Each registrar's last word on this server's binding (sip.registrations).
             "sip_registrations": server.sip.registrations.states if server.sip else {},
+            "sip_trunk": server.sip.registrations.trunk_state if server.sip else None,
             # For leak soaks: these return to their idle values between calls.
             "asyncio_tasks": len(asyncio.all_tasks()),
             "threads": threading.active_count(),

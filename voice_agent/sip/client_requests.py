@@ -34,6 +34,33 @@ def checked_headers(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str]
     return extra
 
 
+def out_of_dialog_request(
+    method: str,
+    uri: str,
+    *,
+    via: str,
+    from_value: str,
+    to_value: str,
+    call_id: str,
+    cseq: int,
+    headers: Sequence[tuple[str, str]] = (),
+) -> bytes:
+    """A request outside any dialog and without a body (section 8.1.1): a REGISTER, an
+    OPTIONS probe. `via` is the Via value after the protocol: "HOST:PORT;branch=...;rport"."""
+    lines = [
+        f"{method} {uri} {SIP_VERSION}",
+        f"Via: {SIP_VERSION}/UDP {via}",
+        f"Max-Forwards: {MAX_FORWARDS}",
+        f"From: {from_value}",
+        f"To: {to_value}",
+        f"Call-ID: {call_id}",
+        f"CSeq: {cseq} {method}",
+        *(f"{name}: {value}" for name, value in headers),
+        "Content-Length: 0",
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
+
+
 def invite_request(
     *,
     target_uri: str,

@@ -23,8 +23,9 @@ from voice_agent.sip import uas as server
 from voice_agent.sip.message import SipMessage, SipParseError
 from voice_agent.sip.registration import Registration, RegistrationChanged
 from voice_agent.sip.transaction import Addr
+from voice_agent.sip.trunk_probe import TrunkProbe, TrunkReachability
 
-Action = server.Action | client.Action | RegistrationChanged
+Action = server.Action | client.Action | RegistrationChanged | TrunkReachability
 # The actions about one live call (all of voice_agent.sip.events but Send, Refused, IncomingCall,
 # Ringing and Dialing), whichever user agent holds it.
 CallEvent = (
@@ -46,9 +47,11 @@ class SipEndpoint:
         uas: server.UserAgentServer,
         uac: client.UserAgentClient | None = None,
         registrations: Sequence[Registration] = (),
+        probe: TrunkProbe | None = None,
     ) -> None:
         self.uas = uas
         self.uac = uac
+        self.probe = probe  # OPTIONS to the trunk (voice_agent.sip.trunk_probe)
         # Bindings with registrars (voice_agent.sip.registration), by their REGISTERs' Call-ID.
         self.registrations = {registration.call_id: registration for registration in registrations}
 
@@ -62,11 +65,16 @@ class SipEndpoint:
         registration = self.registrations.get(call_id or "")
         if registration is not None and read.status is not None and _of_register(read):
             return registration.response(read, now_ms)
+        if self.probe is not None and call_id == self.probe.call_id and read.status is not None:
+            return self.probe.response(read, now_ms)
         return self.uas.message(read, source, now_ms)
 
     def register(self, now_ms: float) -> list[Action]:
-        """Every registration's first REGISTER."""
-        return [a for r in self.registrations.values() for a in r.start(now_ms)]
+        """Every registration's first REGISTER, and the trunk's first probe."""
+        actions: list[Action] = [a for r in self.registrations.values() for a in r.start(now_ms)]
+        if self.probe is not None:
+            actions += self.probe.start(now_ms)
+        return actions
 
     def unregister(self, now_ms: float) -> list[Action]:
         """Every binding removed (the server drains)."""
@@ -78,6 +86,8 @@ class SipEndpoint:
             actions += self.uac.tick(now_ms)
         for registration in self.registrations.values():
             actions += registration.tick(now_ms)
+        if self.probe is not None:
+            actions += self.probe.tick(now_ms)
         return actions
 
     def next_deadline_ms(self) -> float | None:
@@ -85,6 +95,8 @@ class SipEndpoint:
         if self.uac is not None:
             deadlines.append(self.uac.next_deadline_ms())
         deadlines += [r.next_deadline_ms() for r in self.registrations.values()]
+        if self.probe is not None:
+            deadlines.append(self.probe.next_deadline_ms())
         return min((d for d in deadlines if d is not None), default=None)
 
     def hang_up(self, call_id: str, now_ms: float, reason: str) -> Sequence[Action]:

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from voice_agent.sip.auth import Credentials, digest_authorization, parse_digest
-from voice_agent.sip.client_requests import challenge_header
+from voice_agent.sip.client_requests import challenge_header, out_of_dialog_request
 from voice_agent.sip.events import Send
 from voice_agent.sip.message import (
-    SIP_VERSION,
     SipMessage,
     SipParseError,
     header_params,
@@ -39,7 +38,6 @@ from voice_agent.sip.transaction import MAGIC_COOKIE, TIMEOUT_MS, Addr, Retransm
 REFRESH_SHARE = 0.8
 BACKOFF_BASE_MS = 30_000.0
 BACKOFF_MAX_MS = 1_800_000.0
-MAX_FORWARDS = 70
 
 State = Literal["registering", "registered", "failed", "unregistering", "unregistered"]
 
@@ -214,26 +212,22 @@ class Registration:
     def _send(self, expires_s: int, now_ms: float, state: State) -> list[Action]:
         settings = self.settings
         self._cseq += 1
-        branch = MAGIC_COOKIE + self._make_id()
-        lines = [
-            f"REGISTER {settings.registrar_uri} {SIP_VERSION}",
-            f"Via: {SIP_VERSION}/UDP {settings.via_host};branch={branch};rport",
-            f"Max-Forwards: {MAX_FORWARDS}",
-            f"From: <{settings.aor}>;tag={self._from_tag}",
-            f"To: <{settings.aor}>",
-            f"Call-ID: {self.call_id}",
-            f"CSeq: {self._cseq} REGISTER",
-            f"Contact: <{settings.contact}>",
-            f"Expires: {expires_s}",
-            *(
-                [f"{self._authorization[0]}: {self._authorization[1]}"]
-                if self._authorization
-                else []
-            ),
-            f"User-Agent: {settings.user_agent}",
-            "Content-Length: 0",
+        headers = [
+            ("Contact", f"<{settings.contact}>"),
+            ("Expires", str(expires_s)),
+            *([self._authorization] if self._authorization else []),
+            ("User-Agent", settings.user_agent),
         ]
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
+        data = out_of_dialog_request(
+            "REGISTER",
+            settings.registrar_uri,
+            via=f"{settings.via_host};branch={MAGIC_COOKIE}{self._make_id()};rport",
+            from_value=f"<{settings.aor}>;tag={self._from_tag}",
+            to_value=f"<{settings.aor}>",
+            call_id=self.call_id,
+            cseq=self._cseq,
+            headers=headers,
+        )
         self._pending = Retransmission(data, settings.registrar, now_ms)
         self._pending_cseq = self._cseq
         changed = state != self.state
