@@ -16,7 +16,6 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from voice_agent.audio.codec import CarrierFormat
@@ -24,6 +23,7 @@ from voice_agent.audio.pacing import PhasedPacer
 from voice_agent.config import SipSettings, sip_listeners, split_host_port
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.gateways.rtp_ports import RtpPorts
+from voice_agent.gateways.sip_call import LiveCall, RtpProtocol, SipOutbound
 from voice_agent.gateways.sip_registrations import (
     RegistrationStates,
     registrations_from,
@@ -44,7 +44,6 @@ from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
 from voice_agent.sip.offer import MediaSecurity
 from voice_agent.sip.registration import RegistrationChanged
-from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 from voice_agent.sip.trunk_probe import TrunkReachability
 
@@ -61,114 +60,6 @@ SIP_RECEIVE_BUFFER = 4 * 1024 * 1024  # bytes; the kernel caps it at net.core.rm
 # How long a transfer may take: the far end calls the target, which may ring a while, before
 # the final NOTIFY says how it went.
 TRANSFER_WAIT_S = 45.0
-# The agent's goodbye, heard (sent and DEFAULT_HEARD_DELAY_MS later), still plays from the
-# phone's jitter buffer (baresip's holds up to 200 ms, more when its machine is busy): the BYE
-# goes this much later. At 400 ms baresip's recording lost the last word when the suite ran
-# on both cores, and at 700 ms once more (2026-12-02, the whole suite on two workers); a phone
-# that is hung up on clips what it still holds, and a second of quiet before the line drops
-# is what a caller expects after a goodbye anyway.
-BYE_AFTER_LAST_AUDIO_MS = 1000.0
-
-
-class _RtpProtocol(asyncio.DatagramProtocol):
-    def __init__(self, call: _LiveCall) -> None:
-        self.call = call
-
-    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        self.call.rtp_in(data, (addr[0], addr[1]))
-
-    def error_received(self, exc: Exception) -> None:
-        # ICMP port unreachable after the caller left: the next BYE or timer ends the call.
-        log.debug("rtp socket error: %s", exc)
-
-
-@dataclass(eq=False)
-class _LiveCall:
-    gateway: SipGateway
-    call_id: str
-    incoming: sip.IncomingCall | None  # None: a call the server placed
-    peer_host: str  # the caller's signalling host, or the trunk's: RTP is taken from it too
-    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
-    ended: asyncio.Future[str] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-    negotiated: Negotiated | None = None
-    media: RtpSession | None = None
-    pipeline: CallPipeline | None = None
-    transport: asyncio.DatagramTransport | None = None
-    port: int | None = None
-    # A transfer under way: resolved with None once the caller has gone to the target, else
-    # why not; `transfer_accepted` once the far end took the REFER.
-    transfer: asyncio.Future[str | None] | None = None
-    transfer_to: str = ""
-    transfer_accepted: bool = False
-    phase: int = 0  # which of the media clock's MEDIA_PHASES sends this call's packets
-
-    @property
-    def outbound(self) -> bool:
-        return self.incoming is None
-
-    def end(self, reason: str) -> None:
-        if self.transfer is not None and not self.transfer.done():
-            if self.transfer_accepted:
-                # The far end hung up on us after taking the REFER: the caller went over.
-                reason = f"transferred to {self.transfer_to}"
-                self.transfer.set_result(None)
-            else:
-                self.transfer.set_result(f"the call ended first ({reason})")
-        if not self.ended.done():
-            self.ended.set_result(reason)
-
-    def transfer_done(self, error: str | None) -> None:
-        if self.transfer is not None and not self.transfer.done():
-            self.transfer.set_result(error)
-
-    def rtp_in(self, data: bytes, source: Addr) -> None:
-        media = self.media
-        if media is None:
-            return
-        try:
-            digit = media.receive(data, source, self.gateway.now_ms())
-        except Exception:  # as for SIP datagrams: lose the packet, keep the call
-            log.exception("sip call %s: an RTP packet could not be handled", self.call_id)
-            return
-        if digit is not None and self.pipeline is not None:
-            self.pipeline.dtmf(digit)
-
-
-class SipOutbound:
-    """The pipeline's Outbound for a SIP call: audio and marks to the RTP playout; `clear`
-    drops what is not yet sent (nothing queued elsewhere: barge-in is immediate); `close` is a
-    BYE. SIP has no event channel: events stay in the audit."""
-
-    def __init__(self, gateway: SipGateway, call: _LiveCall, media: RtpSession) -> None:
-        self._gateway = gateway
-        self._call = call
-        self._media = media
-
-    def audio(self, data: bytes) -> None:
-        self._media.playout.audio(data)
-
-    def mark(self, name: str) -> None:
-        self._media.playout.mark(name)
-
-    def clear(self) -> None:
-        self._media.playout.clear()
-
-    def event(self, payload: dict[str, Any]) -> None:
-        pass
-
-    def close(self, code: int, reason: str) -> None:
-        # The last words are still in the phone's jitter buffer when their mark counts as
-        # heard, and a BYE makes most phones stop playing at once: it waits a little.
-        self._gateway.hang_up(self._call.call_id, reason, after_ms=BYE_AFTER_LAST_AUDIO_MS)
-
-    def send_digits(self, digits: str) -> str | None:
-        self._media.send_digits(digits)
-        return None
-
-    async def transfer(self, transfer: CallTransfer) -> str | None:
-        return await self._gateway.transfer(self._call, transfer)
 
 
 class _SignalProtocol(asyncio.DatagramProtocol):
@@ -282,7 +173,7 @@ class SipGateway:
             else None
         )
         self.ports = RtpPorts(settings.rtp_port_min, settings.rtp_port_max)
-        self.calls: dict[str, _LiveCall] = {}
+        self.calls: dict[str, LiveCall] = {}
         self.uas: sip.UserAgentServer | None = None
         self.uac: outbound.UserAgentClient | None = None  # calls the server places
         self.endpoint: SipEndpoint | None = None  # both, behind one datagram and one clock
@@ -453,7 +344,7 @@ class SipGateway:
         if self.endpoint is not None:
             self._apply(self.endpoint.hang_up(call_id, self.now_ms(), reason))
 
-    async def transfer(self, call: _LiveCall, transfer: CallTransfer) -> str | None:
+    async def transfer(self, call: LiveCall, transfer: CallTransfer) -> str | None:
         """REFER the caller to the destination; None once it has gone there, else why not."""
         assert self.uas is not None
         if call.transfer is not None and not call.transfer.done():
@@ -513,13 +404,13 @@ class SipGateway:
             self._on_refused(action)
 
     def _incoming(self, action: sip.IncomingCall) -> None:
-        new = _LiveCall(self, action.call_id, action, action.source[0])
+        new = LiveCall(self, action.call_id, action, action.source[0])
         self.calls[action.call_id] = new
         task = asyncio.ensure_future(self._run(new))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _call_event(self, call: _LiveCall, action: CallEvent) -> None:
+    def _call_event(self, call: LiveCall, action: CallEvent) -> None:
         """What one of the user agents says of a live call, either way it began."""
         if isinstance(action, sip.CallConfirmed | outbound.Answered):
             call.negotiated = action.negotiated
@@ -602,13 +493,13 @@ class SipGateway:
             self._trunk_credentials,
         )
         dialing = next(a for a in actions if isinstance(a, outbound.Dialing))
-        call = _LiveCall(self, dialing.call_id, None, self._trunk_addr[0], port=port)
+        call = LiveCall(self, dialing.call_id, None, self._trunk_addr[0], port=port)
         self.calls[call.call_id] = call
         reason = "call failed: not answered"
         try:
             assert self._loop is not None
             call.transport, _ = await self._loop.create_datagram_endpoint(
-                lambda: _RtpProtocol(call), sock=sock
+                lambda: RtpProtocol(call), sock=sock
             )
             self._apply(actions)
             confirmed = asyncio.ensure_future(call.confirmed.wait())
@@ -625,7 +516,7 @@ class SipGateway:
 
     # ---- one call ------------------------------------------------------------------------
 
-    async def _run(self, call: _LiveCall) -> None:
+    async def _run(self, call: LiveCall) -> None:
         assert self.uas is not None and self._loop is not None
         reason = "caller hung up"
         try:
@@ -645,7 +536,7 @@ class SipGateway:
                 return
             call.port = sock.getsockname()[1]
             transport, _ = await self._loop.create_datagram_endpoint(
-                lambda: _RtpProtocol(call), sock=sock
+                lambda: RtpProtocol(call), sock=sock
             )
             call.transport = transport
             if self.settings.answer_after_ms > 0:
@@ -669,7 +560,7 @@ class SipGateway:
             await self._finish(call, reason)
 
     async def _converse(
-        self, call: _LiveCall, agent: str | None, args: dict[str, Any], call_id: str | None
+        self, call: LiveCall, agent: str | None, args: dict[str, Any], call_id: str | None
     ) -> str:
         """The call, once its media is agreed: RTP and the agent until either side ends it;
         why it ended."""
@@ -724,7 +615,7 @@ class SipGateway:
         self.hang_up(call.call_id, "call ended")
         return "call ended"
 
-    async def _finish(self, call: _LiveCall, reason: str) -> None:
+    async def _finish(self, call: LiveCall, reason: str) -> None:
         if call.pipeline is not None:
             if call.media is not None:
                 # What the line carried, in the call's audit: packets, losses, strays.
@@ -769,7 +660,7 @@ class SipGateway:
             return
         self._ticker = self._loop.call_at(self._pacer.next_deadline_ms / 1000, self._tick_media)
 
-    def _media_frame(self, call: _LiveCall, now_ms: float) -> None:
+    def _media_frame(self, call: LiveCall, now_ms: float) -> None:
         media, pipeline = call.media, call.pipeline
         assert media is not None and pipeline is not None
         if pipeline.ended:
