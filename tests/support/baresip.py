@@ -11,7 +11,9 @@ long silent file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import random
 import shutil
 import socket
@@ -43,6 +45,15 @@ def free_ports(first: int | None = None) -> int:
     while not (_bindable(port) and _bindable(port + 1)):
         port += 2
     return port
+
+
+def _ahead_of_the_suite() -> None:
+    """A phone plays out on hardware of its own; here it shares two cores with the suite's
+    servers, recognisers and the other worker's tests, and a starved baresip lets its jitter
+    buffer overflow and loses the last words when the BYE comes. So it runs ahead of them
+    (as root, which CI is; elsewhere at the usual priority)."""
+    with contextlib.suppress(OSError):
+        os.nice(-10)
 
 
 def write_line(path: Path, pcm: bytes) -> Path:
@@ -120,6 +131,7 @@ rtp_ports 40000-40999
             stdin=asyncio.subprocess.DEVNULL,
             stdout=self.log.open("wb"),
             stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=_ahead_of_the_suite,
         )  # fmt: skip
         async with asyncio.timeout(10):
             while True:

@@ -1,7 +1,8 @@
-"""The SIP listener: moves datagrams between UDP sockets and the sans-I/O SIP endpoint
-(voice_agent.sip.endpoint: the calls that come in and the calls placed through the trunk) and
-each call's RTP session (voice_agent.sip.media), and runs each confirmed call on the same call
-pipeline as /twilio.
+"""The SIP listener: moves datagrams between its sockets (UDP, and TCP and TLS connections
+through gateways/sip_streams.py) and the sans-I/O SIP endpoint (voice_agent.sip.endpoint: the
+calls that come in, the calls placed through the trunk, the registrations and the trunk's
+probe) and each call's RTP session (voice_agent.sip.media), and runs each confirmed call on
+the same call pipeline as /twilio.
 
 One clock paces every call's RTP: each call is on one of four phases of a 20 ms monotonic
 deadline grid, 5 ms apart, and a tick of its phase sends it one packet (the agent's audio or
