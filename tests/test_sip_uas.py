@@ -1579,3 +1579,15 @@ def test_a_refusal_over_tcp_is_not_sent_again_while_its_ack_is_awaited() -> None
     incoming = offered(over_udp, invite(), 0.0)
     over_udp.reject(incoming.call_id, 486, 0.0)
     assert [a for _, a in drive(over_udp, 2 * T1_MS) if isinstance(a, Send)]  # UDP: again
+
+
+def test_an_invite_whose_contact_no_request_can_be_sent_to_is_refused() -> None:
+    """Our BYE and REFER go to the Contact (section 12.1.1): one with a blank or a control
+    byte in it, or not a SIP URI, would make a request line nobody can read. Found by the
+    property test above."""
+    for contact in ("<\tip:+14155550100@127.0.0.1:5061>", "<tel:+14155550100>", "<sip:a b@c>"):
+        uas = make_uas()
+        actions = uas.datagram(invite(contact=contact), CALLER, 0.0)
+        assert statuses(actions) == [400] and not of_type(actions, IncomingCall), contact
+        (refused,) = of_type(actions, Refused)
+        assert "is not a sip: or sips: URI" in refused.reason

@@ -16,17 +16,34 @@ address that works.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 
 from voice_agent.sip.message import (
     SIP_VERSION,
     SipMessage,
+    SipParseError,
     header_params,
     name_addr_uri,
 )
 from voice_agent.sip.transaction import MAGIC_COOKIE, Addr
 
 MAX_FORWARDS = 70
+# What a request line can carry as the target: a sip: or sips: URI, no blank or control byte.
+_TARGET = re.compile(r"(?i)sips?:[^\s<>\"\x00-\x1f\x7f]+")
+
+
+def unusable_target(invite: SipMessage) -> str | None:
+    """Why the INVITE's Contact (else its From) cannot be the dialog's remote target (12.1.1),
+    which our BYE and REFER are sent to; None if it can."""
+    value = invite.get("contact") or invite.get("from") or ""
+    try:
+        uri = name_addr_uri(value)
+    except SipParseError as error:
+        return f"Contact: {error}"
+    if not _TARGET.fullmatch(uri):
+        return f"Contact {uri[:60]!r} is not a sip: or sips: URI a request can be sent to"
+    return None
 
 
 @dataclass

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from voice_agent.sip import sdp
 from voice_agent.sip.auth import DigestAuthenticator
-from voice_agent.sip.dialog import Dialog
+from voice_agent.sip.dialog import Dialog, unusable_target
 from voice_agent.sip.dtmf import parse_dtmf_body
 from voice_agent.sip.events import (
     CallConfirmed,
@@ -421,6 +421,9 @@ class UserAgentServer:
             or len(self.calls) >= 4 * self.settings.max_calls
         ):
             return self._refuse(invite, source, 503, "at max_calls", headers=[("Retry-After", "5")])
+        unusable = unusable_target(invite)
+        if unusable is not None:
+            return self._refuse(invite, source, 400, unusable)
         try:
             negotiated = negotiated_offer(invite, self.settings.media_security)
         except BadOffer as bad:
