@@ -27,7 +27,7 @@ from voice_agent.audio.playout import RtpPlayout
 from voice_agent.sip.dtmf import DtmfReceiver, tone_pcm
 from voice_agent.sip.jitter import JitterBuffer
 from voice_agent.sip.rtp import RtpError, RtpSender, parse_rtp
-from voice_agent.sip.sdes import SrtpTransform
+from voice_agent.sip.sdes import SrtpDropped, SrtpTransform
 from voice_agent.sip.sdp import Negotiated
 from voice_agent.sip.transaction import Addr
 
@@ -117,12 +117,15 @@ class RtpSession:
             self.stats.foreign += 1
             return None
         if self.srtp is not None:
-            plain = self.srtp.unprotect(data)
-            self.stats.srtp_replayed = self.srtp.replayed
-            self.stats.srtp_unauthentic = self.srtp.unauthentic
-            if plain is None:
+            try:
+                data = self.srtp.unprotect(data)
+            except SrtpDropped as dropped:
+                # Counted here, not in the transform: a re-key replaces it, the count goes on.
+                if dropped.replay:
+                    self.stats.srtp_replayed += 1
+                else:
+                    self.stats.srtp_unauthentic += 1
                 return None
-            data = plain
         try:
             packet = parse_rtp(data)
         except RtpError:

@@ -56,7 +56,10 @@ def read_offer(
     may_key = security.srtp != "off" and (over_tls or security.keys_over_plain_signalling)
     try:
         offer = sdp.parse_sdp(request.body)
-        protocols = sdp.PLAIN_RTP + sdp.SECURE_RTP if may_key else sdp.PLAIN_RTP
+    except sdp.SdpError as error:
+        raise BadOffer(400, f"SDP: {error}", []) from None
+    protocols = sdp.PLAIN_RTP + sdp.SECURE_RTP if may_key else sdp.PLAIN_RTP
+    try:
         negotiated = sdp.negotiate(offer, protocols=protocols)
     except sdp.NoCommonCodec as error:
         reason = str(error)

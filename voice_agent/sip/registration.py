@@ -79,8 +79,7 @@ class Registration:
         self._cseq = 0
         self.state: State = "unregistered"
         self._expires_s = settings.expires_s
-        self._pending: Retransmission | None = None
-        self._pending_cseq = 0
+        self._pending: Retransmission | None = None  # the REGISTER of CSeq _cseq, unanswered
         self._authorization: tuple[str, str] | None = None
         self._auth_tries = 0
         self._failures = 0
@@ -124,7 +123,7 @@ class Registration:
             number, method = response.cseq
         except SipParseError:
             return []  # not the answer to anything we sent
-        if self._pending is None or method != "REGISTER" or number != self._pending_cseq:
+        if self._pending is None or method != "REGISTER" or number != self._cseq:
             return []  # a retransmission, or the answer to a REGISTER given up on
         if status < 200:
             return []
@@ -229,7 +228,6 @@ class Registration:
             headers=headers,
         )
         self._pending = Retransmission(data, settings.registrar, now_ms)
-        self._pending_cseq = self._cseq
         changed = state != self.state
         self.state = state
         actions: list[Action] = [Send(data, settings.registrar)]

@@ -34,6 +34,15 @@ MIN_LIFETIME = 2**31
 _CRYPTO = re.compile(r"([0-9]{1,9})[ \t]+([A-Za-z0-9_]+)[ \t]+(\S+)(?:[ \t]+(.+))?")
 
 
+class SrtpDropped(Exception):
+    """A packet that failed libsrtp's check: a replay, or not authentic (forged, corrupted,
+    or plain RTP on an SRTP call)."""
+
+    def __init__(self, *, replay: bool) -> None:
+        super().__init__("replayed" if replay else "not authentic")
+        self.replay = replay
+
+
 class SrtpUnavailable(RuntimeError):
     """pylibsrtp is not installed: `pip install voice_agent[srtp]`."""
 
@@ -111,8 +120,8 @@ def choose(values: Sequence[str]) -> SrtpKeys | None:
 
 
 class SrtpTransform:
-    """One call's SRTP both ways. `unprotect` gives None for a packet that fails its check (a
-    forgery, a replay): dropped and counted, the call goes on."""
+    """One call's SRTP both ways. `unprotect` raises SrtpDropped for a packet that fails its
+    check (a forgery, a replay): the caller drops and counts it, and the call goes on."""
 
     def __init__(self, keys: SrtpKeys) -> None:
         try:
@@ -131,20 +140,14 @@ class SrtpTransform:
                 key=keys.remote, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND, srtp_profile=profile
             )
         )
-        self.replayed = 0
-        self.unauthentic = 0
 
     def protect(self, packet: bytes) -> bytes:
         protected: bytes = self._outbound.protect(packet)
         return protected
 
-    def unprotect(self, packet: bytes) -> bytes | None:
+    def unprotect(self, packet: bytes) -> bytes:
         try:
             plain: bytes = self._inbound.unprotect(packet)
         except self._error as exc:
-            if "replay" in str(exc):
-                self.replayed += 1
-            else:
-                self.unauthentic += 1
-            return None
+            raise SrtpDropped(replay="replay" in str(exc)) from None
         return plain
