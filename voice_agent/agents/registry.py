@@ -13,6 +13,7 @@ from voice_agent.brains.flows.parameters import EntitySpec
 from voice_agent.brains.flows.semantic import THRESHOLD as MEANING_THRESHOLD
 from voice_agent.brains.flows.semantic import SemanticMatcher
 from voice_agent.brains.playbook import PlaybookBrain
+from voice_agent.brains.realtime import RealtimeBrain
 from voice_agent.config import AgentConfig, LoadedConfig, NluSettings, load_config, read_yaml
 from voice_agent.engines.embedding import EmbeddingError, load_encoder
 from voice_agent.errors import ConfigError
@@ -92,8 +93,8 @@ class AgentRegistry:
         for agent in self.agents.values():
             for tool in agent.remote_tools.values():
                 await tool.aclose()
-            if isinstance(agent.brain, PlaybookBrain):
-                await agent.brain.aclose()  # its LLM client's connections
+            if isinstance(agent.brain, PlaybookBrain | RealtimeBrain):
+                await agent.brain.aclose()  # its LLM client's connections, its calls' sockets
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     # ---- compiling ---------------------------------------------------------------------
@@ -185,6 +186,8 @@ class AgentRegistry:
             agent.brain = FlowBrain.compile(
                 agent, matcher, config.flow, file=file, key=f"{key}.flow"
             )
+        elif config.llm.provider == "openai_realtime":
+            agent.brain = RealtimeBrain(config.llm)
         else:
             agent.brain = PlaybookBrain(config.llm)
         return agent

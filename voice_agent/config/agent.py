@@ -25,9 +25,13 @@ from voice_agent.config.voice import (
 )
 from voice_agent.destination import DESTINATION
 
+REALTIME_MODEL = "gpt-realtime"
+
 
 class LlmConfig(Strict):
-    provider: Literal["openai"] = "openai"
+    # openai_realtime: a speech-to-speech model over the Realtime protocol hears the caller and
+    # speaks the agent's replies itself (brains/realtime.py); the agent's TTS says fixed lines.
+    provider: Literal["openai", "openai_realtime"] = "openai"
     model: str = "gpt-4o-mini"
     base_url: str | None = None
     api_key: str | None = None
@@ -36,6 +40,25 @@ class LlmConfig(Strict):
     request_timeout_s: float = Field(default=8.0, gt=0)
     max_attempts: int = Field(default=4, ge=1)
     fallback_line: str = "Sorry, I'm having trouble answering right now. Could you say that again?"
+    # openai_realtime only: the model's voice (none: its default), and a transcription model
+    # for its own record of what the caller said (none: the server's STT text alone).
+    voice: str | None = None
+    input_transcription: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _realtime_model(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("provider") == "openai_realtime":
+            data.setdefault("model", REALTIME_MODEL)
+        return data
+
+    @model_validator(mode="after")
+    def _realtime_keys(self) -> LlmConfig:
+        if self.provider != "openai_realtime":
+            for key in ("voice", "input_transcription"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"`{key}` is for `provider: openai_realtime` only")
+        return self
 
 
 class UpdateStateTool(Strict):

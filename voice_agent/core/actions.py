@@ -5,7 +5,7 @@ commit what was heard; raise an event; audit; report a turn's timings)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -78,6 +78,10 @@ class SendClear:
 class CommitReply:
     reply_id: int
     heard: str | None
+    # How far into the reply's audio the caller heard: what a speech-to-speech model's item is
+    # truncated to (its audio is one chunk). None when it was heard to its end. Left out of
+    # equality: what a reply commits is its text; this only locates the cut in its audio.
+    heard_ms: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -477,7 +477,8 @@ class CallCore:
         actions = self._stop_agent()
         for reply_id in list(self._replies):
             text = heard.get(reply_id, self.playback.heard_text(reply_id))
-            actions.append(CommitReply(reply_id, self._committed_text(reply_id, text)))
+            heard_ms = self.playback.heard_ms.get(reply_id, 0.0)
+            actions.append(CommitReply(reply_id, self._committed_text(reply_id, text), heard_ms))
             self._forget(reply_id)
         return actions
 
@@ -616,6 +617,44 @@ class CallCore:
         actions.extend(self._maybe_commit(reply_id))
         return actions
 
+    def spoken_audio(self, reply_id: int, text: str, audio: bytes, now_ms: float) -> list[Action]:
+        """Audio the agent's engine made itself (a speech-to-speech model), in the carrier's
+        format, with the new part of its transcript (either may be empty): the reply streams
+        as one sentence, its words placed over its audio by the transcript (playback.py)."""
+        reply = self._replies.get(reply_id)
+        if reply is None:
+            reply = self._replies[reply_id] = _Reply(synth_pending=1)
+        if not reply.cancelled:
+            reply.generated += text
+            metrics = self._answer_metrics()
+            if text and metrics is not None and "first_token_ms" not in metrics:
+                metrics["first_token_ms"] = now_ms
+        chunk = self._streaming
+        if chunk is not None and chunk.reply_id == reply_id:
+            chunk.text += text
+        elif not audio or reply.cancelled:
+            return []  # the text is in `generated`; the chunk takes it with its first audio
+        return self.tts_audio(
+            reply_id,
+            reply.generated,
+            audio,
+            len(audio) / self.playback.bytes_per_ms,
+            now_ms,
+            last=False,
+        )
+
+    def spoken_end(self, reply_id: int, now_ms: float) -> list[Action]:
+        """The engine's reply is complete: its words are placed over all of its audio."""
+        reply = self._replies.get(reply_id)
+        if reply is None:
+            return []
+        reply.done = True
+        chunk = self._streaming
+        if chunk is None or chunk.reply_id != reply_id:
+            reply.generated = ""  # no audio came: nothing of it was said
+            return self.tts_audio(reply_id, "", b"", 0.0, now_ms, last=True)
+        return self.tts_audio(reply_id, chunk.text, b"", 0.0, now_ms, last=True)
+
     def reply_wanted(self, reply_id: int) -> bool:
         """Whether sentences of `reply_id` not yet streaming are still to be spoken: not after
         a barge-in or once the reply is committed. The driver drops those that are not."""
@@ -703,10 +742,12 @@ class CallCore:
         if reply_id in self.playback.pending_replies() or self._interruption is not None:
             return []
         text = reply.generated.strip() or None
+        heard_ms = None
         if reply.cancelled:
             text = self._committed_text(reply_id, self.playback.heard_text(reply_id))
+            heard_ms = self.playback.heard_ms.get(reply_id, 0.0)
         self._forget(reply_id)
-        return [CommitReply(reply_id, text)]
+        return [CommitReply(reply_id, text, heard_ms)]
 
     def _forget(self, reply_id: int) -> None:
         self._replies.pop(reply_id, None)

@@ -54,6 +54,8 @@ class Chunk:
     mark: str
     started_ms: float | None = None  # when it began to play, once it has
     complete: bool = True  # False while the engine still streams the sentence's audio
+    # Where this chunk's audio starts in its reply's: past 0 for the unheard rest of a cut one.
+    origin_ms: float = 0.0
     # Parts streamed after `audio`, joined only when the whole is needed (a resend): adding
     # each part to `audio` would copy the sentence so far for every part.
     _more: list[bytes] = field(default_factory=list, repr=False)
@@ -87,6 +89,9 @@ class PlaybackTracker:
     sample_bytes: int = 1
     queue: deque[Chunk] = field(default_factory=deque)
     heard_words: dict[int, list[str]] = field(default_factory=dict)
+    # How far into each reply's audio the caller got (one chunk's reply: a speech-to-speech
+    # model's, whose item is truncated there).
+    heard_ms: dict[int, float] = field(default_factory=dict)
     ms_per_char: float = DEFAULT_MS_PER_CHAR  # learnt from each finished sentence
 
     def learn_rate(self, text: str, duration_ms: float) -> None:
@@ -113,6 +118,7 @@ class PlaybackTracker:
         while self.queue:
             chunk = self.queue.popleft()
             self.heard_words.setdefault(chunk.reply_id, []).extend(w.text for w in chunk.words)
+            self._reached(chunk, chunk.duration_ms)
             done.append(chunk)
             if chunk.mark == mark:
                 break
@@ -125,6 +131,10 @@ class PlaybackTracker:
 
     def heard_text(self, reply_id: int) -> str:
         return " ".join(self.heard_words.get(reply_id, ()))
+
+    def _reached(self, chunk: Chunk, played_ms: float) -> None:
+        end = chunk.origin_ms + max(0.0, min(played_ms, chunk.duration_ms))
+        self.heard_ms[chunk.reply_id] = max(self.heard_ms.get(chunk.reply_id, 0.0), end)
 
     def cut(self, now_ms: float) -> Cut:
         """Barge-in: count the words of the playing chunk heard so far; the rest is unheard."""
@@ -144,6 +154,7 @@ class PlaybackTracker:
             done = [w for w in words if w.end_ms <= position]
             rest = words[len(done) :]
             self.heard_words.setdefault(head.reply_id, []).extend(w.text for w in done)
+            self._reached(head, position)
             if rest:
                 into_unheard = max(0.0, min(position, head.duration_ms) - rest[0].start_ms)
                 offset = int(rest[0].start_ms * self.bytes_per_ms)
@@ -160,6 +171,7 @@ class PlaybackTracker:
                         max(0.0, head.duration_ms - rest[0].start_ms),
                         head.mark,
                         complete=head.complete,
+                        origin_ms=head.origin_ms + rest[0].start_ms,
                     )
                 )
             unheard.extend(list(self.queue)[1:])
@@ -190,7 +202,9 @@ class PlaybackTracker:
             chunk.duration_ms - ms,
             chunk.mark,
             complete=chunk.complete,
+            origin_ms=chunk.origin_ms + ms,
         )
 
     def forget(self, reply_id: int) -> None:
         self.heard_words.pop(reply_id, None)
+        self.heard_ms.pop(reply_id, None)

@@ -27,6 +27,7 @@ from voice_agent.engines.tts import Tts
 from voice_agent.engines.turn import TurnModel
 from voice_agent.engines.vad import Vad
 from voice_agent.observability import call_context
+from voice_agent.pipeline.caller_turns import CallerTurns, EngineVoice
 from voice_agent.pipeline.calls import CallRecord
 from voice_agent.pipeline.core_settings import core_config
 from voice_agent.pipeline.hold import CHUNK_MS, LEAD_MS, HoldLoop
@@ -40,7 +41,14 @@ from voice_agent.runtime.call_control import (
     SendDigits,
 )
 from voice_agent.runtime.session import CallSession
-from voice_agent.runtime.turn_events import AgentEvent, AgentSpeech, AgentSpeechEnd, CallEnd
+from voice_agent.runtime.turn_events import (
+    AgentAudio,
+    AgentAudioEnd,
+    AgentEvent,
+    AgentSpeech,
+    AgentSpeechEnd,
+    CallEnd,
+)
 
 log = logging.getLogger("voice_agent.call")
 
@@ -190,6 +198,12 @@ class CallPipeline:
         self._hold_timer: asyncio.TimerHandle | None = None
         self._holding: asyncio.Task[None] | None = None
         self._hold_started_ms = 0.0
+        # An agent whose engine hears the caller and speaks itself (brains/realtime.py) gets
+        # each turn's audio, and its replies' audio in its own format, converted here if need be.
+        session.voice_format = (carrier.encoding, carrier.sample_rate)
+        hears = getattr(session.agent.brain, "hears_audio", False)
+        self._caller_turns = CallerTurns(self.frame_rate, session.voice_format) if hears else None
+        self._voiced = EngineVoice(carrier)
         self.ended = False
         self.finished = asyncio.Event()
         session.audit.subscribe(self._on_audit)
@@ -342,6 +356,8 @@ class CallPipeline:
                     self._stt.push(pcm)
                     if self._turn_model is not None:
                         self._keep_turn_audio(action.frame, pcm)
+                    if self._caller_turns is not None:
+                        self._caller_turns.feed(action.frame)
             elif isinstance(action, core.SendAudio):
                 if self._hold_timer is not None or self._holding is not None:
                     self._stop_hold()  # the answer is here
@@ -355,6 +371,8 @@ class CallPipeline:
                     self._stt.cancel()
                 self._stt = self.engines.stt.start(self._stt_rate)
                 self._to_stt = self._stt_resampler()
+                if self._caller_turns is not None:
+                    self._caller_turns.start()
                 self._turn_audio.clear()
                 if self._turn_model is not None and self._stt_rate != TURN_MODEL_RATE:
                     self._to_turn_model = StreamResampler(self.frame_rate, TURN_MODEL_RATE)
@@ -372,6 +390,8 @@ class CallPipeline:
                     tail = self._to_stt.flush() if self._to_stt else b""
                     if tail:
                         stream.push(tail)
+                    if self._caller_turns is not None:
+                        self._caller_turns.finish()
                     self._spawn(self._finish_stt(stream))
             elif isinstance(action, core.JudgeTurn):
                 self._spawn(self._judge_turn(action.pause_id))
@@ -397,7 +417,7 @@ class CallPipeline:
             elif isinstance(action, core.CommitReply):
                 prune = True
                 if self.session.conversation.is_pending(action.reply_id):
-                    self.session.commit_reply(action.reply_id, action.heard)
+                    self.session.commit_reply(action.reply_id, action.heard, action.heard_ms)
                     self.out.event(
                         {
                             "type": "committed",
@@ -517,7 +537,10 @@ class CallPipeline:
             self.session.audit.add("error", where="stt", message=f"{type(exc).__name__}: {exc}")
             text, failed = "", True
         if not self.ended:
-            self._apply(self.core.stt_final(text, self.now_ms(), confidence))
+            actions = self.core.stt_final(text, self.now_ms(), confidence)
+            if self._caller_turns is not None:
+                self.session.caller_audio = self._caller_turns.decided(actions)
+            self._apply(actions)
             if failed:
                 # The caller said something nobody understood: the agent's fallback line
                 # (a flow's no_match; a playbook's @EventTrigger("no-match")), not silence.
@@ -558,6 +581,15 @@ class CallPipeline:
                     self._apply(self.core.agent_text(event.reply_id, event.text, now))
                 elif isinstance(event, AgentSpeechEnd):
                     self._apply(self.core.agent_reply_end(event.reply_id, now))
+                elif isinstance(event, AgentAudio):
+                    if event.text:
+                        self.out.event(
+                            {"type": "agent_text", "reply_id": event.reply_id, "text": event.text}
+                        )
+                    audio = self._voiced.to_carrier(event)
+                    self._apply(self.core.spoken_audio(event.reply_id, event.text, audio, now))
+                elif isinstance(event, AgentAudioEnd):
+                    self._apply(self.core.spoken_end(event.reply_id, now))
                 elif isinstance(event, CallEnd):
                     self._ending = event.reason
                 elif isinstance(event, CallTransfer):

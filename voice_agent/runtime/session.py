@@ -12,7 +12,7 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,6 +46,7 @@ from voice_agent.runtime.turn_events import (
     AgentEvent,
     AgentSpeech,
     AgentSpeechEnd,
+    CallerAudio,
     StepOutcome,
     result_json,
 )
@@ -108,6 +109,13 @@ class CallSession:
         # it: a turn the caller continues is undone when nothing has run since (user_turn).
         self._actions_run = 0
         self._turn_start: _TurnStart | None = None
+        # For an engine that hears and voices the call itself (brains/realtime.py): the voice
+        # pipeline's audio format and the caller's turn as heard, and who is told of commits
+        # and of the end (to edit and close its own copy of the conversation).
+        self.voice_format: tuple[str, int] | None = None  # (encoding, rate); None: text only
+        self.caller_audio: CallerAudio | None = None
+        self.commit_listeners: list[Callable[[int, CommitOutcome, float | None], None]] = []
+        self.end_listeners: list[Callable[[], Awaitable[None]]] = []
 
     # ---- views -------------------------------------------------------------------------
 
@@ -248,9 +256,14 @@ class CallSession:
         async for _ in self.run_triggers("event", outcome, event="call-ended", data={}):
             pass
         self.audit.add("call_ended", reason=reason, state=copy.deepcopy(self.state))
+        for listener in self.end_listeners:
+            await listener()
 
-    def commit_reply(self, reply_id: int, heard: str | None) -> CommitOutcome:
-        """Keep only what the caller heard of a reply; the audit keeps what was generated."""
+    def commit_reply(
+        self, reply_id: int, heard: str | None, heard_ms: float | None = None
+    ) -> CommitOutcome:
+        """Keep only what the caller heard of a reply (`heard_ms` into its audio, when the
+        voice side knows it was cut there); the audit keeps what was generated."""
         outcome = self.conversation.commit(reply_id, heard)
         self.audit.add(
             "agent_utterance",
@@ -260,6 +273,8 @@ class CallSession:
             interrupted=outcome.committed != outcome.generated,
             started_t=self._reply_started.pop(reply_id, None),
         )
+        for listener in self.commit_listeners:
+            listener(reply_id, outcome, heard_ms)
         return outcome
 
     # ---- speech ------------------------------------------------------------------------

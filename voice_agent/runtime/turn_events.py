@@ -32,11 +32,44 @@ class AgentSpeechEnd:
 
 
 @dataclass(frozen=True)
+class AgentAudio:
+    """A piece of a reply an engine voiced itself (a speech-to-speech model): `audio` in the
+    format `encoding`/`sample_rate` names, with the new part of its transcript; no TTS."""
+
+    reply_id: int
+    audio: bytes
+    encoding: str  # as voice_agent.audio.codec names them: "pcm16", "mulaw", "alaw"
+    sample_rate: int
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class AgentAudioEnd:
+    """The voiced reply is complete; committed, like any reply, once heard or cut."""
+
+    reply_id: int
+    text: str
+
+
+@dataclass(frozen=True)
 class CallEnd:
     reason: str
 
 
-AgentEvent = AgentSpeech | AgentSpeechEnd | CallEnd | CallTransfer | SendDigits
+AgentEvent = (
+    AgentSpeech | AgentSpeechEnd | AgentAudio | AgentAudioEnd | CallEnd | CallTransfer | SendDigits
+)
+
+
+@dataclass(frozen=True)
+class CallerAudio:
+    """The caller's turn as the voice pipeline heard it (PCM16 at `sample_rate`), for an
+    engine that listens to the caller itself; `carrier` is the call's own audio format
+    (encoding, rate), which such an engine may speak to save converting."""
+
+    pcm: bytes
+    sample_rate: int
+    carrier: tuple[str, int]
 
 
 @dataclass

@@ -1,0 +1,426 @@
+"""RealtimeStandIn: a Realtime-protocol server on 127.0.0.1 for tests, the way OpenAI's Realtime
+API behaves as its API reference (and the `openai` SDK's event types) describe it, and
+ModelReply, one scripted response.
+
+What it does, event by event (GA names):
+- On connect: `session.created`. `session.update` merges the session and answers
+  `session.updated`.
+- `conversation.item.create`: the item is kept (the client's id, else one made here; an id in
+  use is an error), answered `conversation.item.added` then `conversation.item.done`.
+- `conversation.item.delete`: the item goes, `conversation.item.deleted`; an unknown id is an
+  error.
+- `conversation.item.truncate`: only an assistant message with audio; `audio_end_ms` past the
+  audio's length is an error. The audio is cut there and the item's text transcript deleted
+  (the reference: "Truncating audio will delete the server-side text transcript"), answered
+  `conversation.item.truncated`.
+- `response.create`: the next scripted reply, as `response.created`, per output item
+  `response.output_item.added`, for a message `response.content_part.added`, the audio in
+  `response.output_audio.delta` pieces each after its transcript's
+  `response.output_audio_transcript.delta`, the `.done` events, `response.output_item.done`, then
+  `response.done` with the response's status and items (no audio in it). A function call
+  streams `response.function_call_arguments.delta` pieces and `.done`. A second
+  `response.create` while one runs is an error (`conversation_already_has_active_response`).
+- `response.cancel`: the running response stops, `response.done` with status `cancelled`; with
+  none running, an error (`response_cancel_not_active`).
+- Anything else: an `invalid_request_error` naming the event type. Every error names the
+  client's `event_id` that caused it.
+
+The reply's audio is eSpeak NG speaking its text word by word, so the stand-in knows where
+each word ends: `heard_words(item)` is the words of an assistant item within its (truncated)
+audio. Audio is sent faster than real time, as the real service does (`realtime_factor`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from voice_agent.audio.codec import CarrierFormat
+from voice_agent.audio.resample import resample
+from voice_agent.engines.tts import TtsConfig, make_tts
+
+_FORMATS = {"audio/pcm": ("pcm16", 24000), "audio/pcmu": ("mulaw", 8000)}
+_FORMATS["audio/pcma"] = ("alaw", 8000)
+
+
+@dataclass
+class ModelReply:
+    """One scripted response: `text` spoken (then its tool calls), or an error."""
+
+    text: str = ""
+    tool_calls: Sequence[tuple[str, Mapping[str, Any]]] = ()
+    delay_s: float = 0.0  # before the first event after response.created
+    error: str | None = None  # answer with this error event instead
+    drop_socket: bool = False  # close the WebSocket instead of answering
+
+
+@dataclass
+class _Audio:
+    data: bytes
+    format: str
+    ends_ms: list[tuple[str, float]] = field(default_factory=list)  # (word, end)
+
+
+def _ms(data: bytes, fmt: str) -> float:
+    encoding, rate = _FORMATS[fmt]
+    return len(data) / CarrierFormat(encoding, rate).bytes_per_ms  # type: ignore[arg-type]
+
+
+class RealtimeStandIn:
+    def __init__(self, *, realtime_factor: float = 4.0, piece_ms: float = 100.0) -> None:
+        self.realtime_factor = realtime_factor
+        self.piece_ms = piece_ms
+        self.replies: list[ModelReply] = []
+        self.items: list[dict[str, Any]] = []  # the conversation of the latest session
+        self.audio: dict[str, _Audio] = {}  # assistant item id -> its audio
+        self.sessions: list[dict[str, Any]] = []
+        self.received: list[str] = []  # every client event as sent, in order
+        self.errors: list[dict[str, Any]] = []
+        self._tts = make_tts(TtsConfig(provider="espeak", voice="en-us"))
+        self._socket: web.WebSocketResponse | None = None
+        self._response: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self._changed = asyncio.Event()
+        self.port = 0
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> RealtimeStandIn:
+        app = web.Application()
+        app.router.add_get("/v1/realtime", self._session)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock)
+        await site.start()
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self._tts.aclose()
+
+    async def __aenter__(self) -> RealtimeStandIn:
+        return await self.start()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def script(self, *replies: ModelReply) -> None:
+        self.replies.extend(replies)
+
+    async def until(self, predicate: Any, timeout_s: float = 30.0) -> None:
+        """Wait until `predicate()` holds, checked whenever an event has been handled."""
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                self._changed.clear()
+                await self._changed.wait()
+
+    # ---- what tests read ---------------------------------------------------------------
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in map(json.loads, self.received) if e.get("type") == kind]
+
+    def assistant_items(self) -> list[dict[str, Any]]:
+        return [i for i in self.items if i.get("type") == "message" and i["role"] == "assistant"]
+
+    def heard_words(self, item: Mapping[str, Any]) -> list[str]:
+        """The words of an assistant item whose audio is in it (all of it, or up to the cut)."""
+        audio = self.audio.get(str(item["id"]))
+        if audio is None:
+            return [str(p.get("text", "")) for p in item["content"]]
+        length = _ms(audio.data, audio.format)
+        return [word for word, end in audio.ends_ms if end <= length + 1]
+
+    # ---- the session -------------------------------------------------------------------
+
+    async def _session(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self._socket = ws
+        self.items = []
+        self.audio = {}
+        session: dict[str, Any] = {
+            "id": f"sess_{uuid.uuid4().hex[:16]}",
+            "type": "realtime",
+            "model": request.query.get("model", ""),
+            "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}}},
+        }
+        self.sessions.append(session)
+        await self._send({"type": "session.created", "session": session})
+        async for message in ws:
+            if message.type != WSMsgType.TEXT:
+                continue
+            self.received.append(message.data)
+            try:
+                await self._handle(json.loads(message.data), session)
+            except ConnectionResetError:
+                break
+            self._changed.set()
+        if self._response is not None:
+            self._response.cancel()
+        self._changed.set()
+        return ws
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        ws = self._socket
+        if ws is not None and not ws.closed:
+            await ws.send_str(json.dumps({"event_id": f"event_{uuid.uuid4().hex[:12]}", **event}))
+
+    async def _error(self, cause: Mapping[str, Any], code: str, message: str) -> None:
+        error = {
+            "type": "invalid_request_error",
+            "code": code,
+            "message": message,
+            "event_id": cause.get("event_id"),
+        }
+        self.errors.append(error)
+        await self._send({"type": "error", "error": error})
+
+    async def _handle(self, event: dict[str, Any], session: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "session.update":
+            update = event.get("session", {})
+            for key, value in update.items():
+                session[key] = value
+            await self._send({"type": "session.updated", "session": session})
+        elif kind == "conversation.item.create":
+            await self._create_item(event)
+        elif kind == "conversation.item.delete":
+            item = self._item(event.get("item_id"))
+            if item is None:
+                await self._error(event, "item_not_found", f"no item {event.get('item_id')!r}")
+                return
+            self.items.remove(item)
+            await self._send({"type": "conversation.item.deleted", "item_id": item["id"]})
+        elif kind == "conversation.item.truncate":
+            await self._truncate(event)
+        elif kind == "response.create":
+            if self._response is not None and not self._response.done():
+                await self._error(
+                    event,
+                    "conversation_already_has_active_response",
+                    "Conversation already has an active response in progress",
+                )
+                return
+            self._response = asyncio.ensure_future(self._respond(event, session))
+        elif kind == "response.cancel":
+            if self._response is None or self._response.done():
+                await self._error(event, "response_cancel_not_active", "no active response")
+                return
+            self._response.cancel()
+        else:
+            await self._error(event, "unknown_event", f"unsupported event type {kind!r}")
+
+    def _item(self, item_id: Any) -> dict[str, Any] | None:
+        return next((i for i in self.items if i.get("id") == item_id), None)
+
+    async def _create_item(self, event: dict[str, Any]) -> None:
+        item = dict(event.get("item", {}))
+        item.setdefault("id", f"item_{uuid.uuid4().hex[:16]}")
+        if self._item(item["id"]) is not None:
+            await self._error(event, "item_id_in_use", f"item {item['id']!r} exists")
+            return
+        if len(str(item["id"])) > 32:
+            await self._error(event, "invalid_value", "an item id is at most 32 characters")
+            return
+        previous = self.items[-1]["id"] if self.items else None
+        self.items.append(item)
+        for kind in ("conversation.item.added", "conversation.item.done"):
+            await self._send({"type": kind, "previous_item_id": previous, "item": item})
+
+    async def _truncate(self, event: dict[str, Any]) -> None:
+        item = self._item(event.get("item_id"))
+        audio = self.audio.get(str(event.get("item_id")))
+        if item is None or item.get("role") != "assistant" or audio is None:
+            await self._error(event, "invalid_item", "only assistant audio items can be truncated")
+            return
+        end_ms = int(event.get("audio_end_ms", -1))
+        length = _ms(audio.data, audio.format)
+        if end_ms < 0 or end_ms > length + 1:
+            await self._error(
+                event, "invalid_value", f"audio_end_ms {end_ms} is past the audio ({length:.0f})"
+            )
+            return
+        encoding, rate = _FORMATS[audio.format]
+        per_ms = CarrierFormat(encoding, rate).bytes_per_ms  # type: ignore[arg-type]
+        keep = int(end_ms * per_ms)
+        keep -= keep % CarrierFormat(encoding, rate).sample_bytes  # type: ignore[arg-type]
+        audio.data = audio.data[:keep]
+        item["content"] = [{"type": "output_audio", "transcript": None}]
+        await self._send(
+            {
+                "type": "conversation.item.truncated",
+                "item_id": item["id"],
+                "content_index": 0,
+                "audio_end_ms": end_ms,
+            }
+        )
+
+    # ---- responses ---------------------------------------------------------------------
+
+    async def _speak(self, text: str, fmt: str) -> _Audio:
+        encoding, rate = _FORMATS[fmt]
+        target = CarrierFormat(encoding, rate)  # type: ignore[arg-type]
+        audio = _Audio(b"", fmt)
+        for word in text.split():
+            pcm = b"".join([chunk.pcm async for chunk in self._tts.synthesize(word)])
+            data = target.encode(resample(pcm, self._tts.sample_rate, rate))
+            audio.data += data
+            audio.ends_ms.append((word, _ms(audio.data, fmt)))
+        return audio
+
+    async def _respond(self, event: Mapping[str, Any], session: dict[str, Any]) -> None:
+        response_id = f"resp_{uuid.uuid4().hex[:16]}"
+        response: dict[str, Any] = {"id": response_id, "status": "in_progress", "output": []}
+        reply = self.replies.pop(0) if self.replies else ModelReply(text="I have nothing to say.")
+        if reply.drop_socket:
+            if self._socket is not None:
+                await self._socket.close()
+            return
+        if reply.error is not None:
+            await self._error(event, "server_error", reply.error)
+            return
+        await self._send({"type": "response.created", "response": response})
+        fmt = session.get("audio", {}).get("output", {}).get("format", {}).get("type", "audio/pcm")
+        status = "completed"
+        try:
+            await asyncio.sleep(reply.delay_s)
+            index = 0
+            if reply.text:
+                await self._message(response, index, reply.text, fmt, session)
+                index += 1
+            for name, arguments in reply.tool_calls:
+                await self._function_call(response, index, name, arguments)
+                index += 1
+        except asyncio.CancelledError:
+            status = "cancelled"
+        response["status"] = status
+        if status == "cancelled":
+            response["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
+        await asyncio.shield(self._send({"type": "response.done", "response": response}))
+
+    async def _message(
+        self, response: dict[str, Any], index: int, text: str, fmt: str, session: dict[str, Any]
+    ) -> None:
+        item_id = f"item_{uuid.uuid4().hex[:16]}"
+        voiced = session.get("output_modalities", ["audio"]) == ["audio"]
+        part_type = "output_audio" if voiced else "output_text"
+        item: dict[str, Any] = {
+            "id": item_id,
+            "type": "message",
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [],
+        }
+        self.items.append(item)
+        response["output"].append(item)
+        where = {"response_id": response["id"], "item_id": item_id, "output_index": index}
+        added = {"response_id": response["id"], "output_index": index, "item": item}
+        await self._send({"type": "response.output_item.added", **added})
+        part = {"type": part_type, "transcript": ""} if voiced else {"type": part_type, "text": ""}
+        item["content"] = [part]
+        await self._send(
+            {"type": "response.content_part.added", "content_index": 0, "part": part, **where}
+        )
+        at = {**where, "content_index": 0}
+        if not voiced:
+            for word in text.split(" "):
+                part["text"] += ("" if not part["text"] else " ") + word
+                delta = word if part["text"] == word else " " + word
+                await self._send({"type": "response.output_text.delta", "delta": delta, **at})
+            await self._send({"type": "response.output_text.done", "text": text, **at})
+        else:
+            audio = self._audio_for(item_id, await self._speak(text, fmt))
+            said = 0
+            step = int(self.piece_ms * CarrierFormat(*_FORMATS[fmt]).bytes_per_ms)  # type: ignore[arg-type]
+            step -= step % 2
+            whole = audio.data
+            for start in range(0, len(whole), step):
+                piece = whole[start : start + step]
+                sent_ms = _ms(whole[: start + len(piece)], fmt)
+                words = [w for w, end in audio.ends_ms if end <= sent_ms + self.piece_ms]
+                if len(words) > said:
+                    delta = " ".join(words[said:])
+                    delta = delta if said == 0 else " " + delta
+                    part["transcript"] += delta
+                    said = len(words)
+                    kind = "response.output_audio_transcript.delta"
+                    await self._send({"type": kind, "delta": delta, **at})
+                encoded = base64.b64encode(piece).decode("ascii")
+                await self._send({"type": "response.output_audio.delta", "delta": encoded, **at})
+                await asyncio.sleep(self.piece_ms / 1000 / self.realtime_factor)
+            await self._send({"type": "response.output_audio.done", **at})
+            transcript = part["transcript"]
+            kind = "response.output_audio_transcript.done"
+            await self._send({"type": kind, "transcript": transcript, **at})
+        item["status"] = "completed"
+        await self._send(
+            {"type": "response.content_part.done", "content_index": 0, "part": part, **where}
+        )
+        await self._send(
+            {
+                "type": "response.output_item.done",
+                "response_id": response["id"],
+                "output_index": index,
+                "item": item,
+            }
+        )
+
+    def _audio_for(self, item_id: str, audio: _Audio) -> _Audio:
+        self.audio[item_id] = audio
+        return audio
+
+    async def _function_call(
+        self, response: dict[str, Any], index: int, name: str, arguments: Mapping[str, Any]
+    ) -> None:
+        item_id = f"item_{uuid.uuid4().hex[:16]}"
+        call_id = f"call_{uuid.uuid4().hex[:12]}"
+        text = json.dumps(arguments)
+        item = {
+            "id": item_id,
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": call_id,
+            "name": name,
+            "arguments": "",
+        }
+        self.items.append(item)
+        response["output"].append(item)
+        where = {"response_id": response["id"], "item_id": item_id, "output_index": index}
+        added = {"response_id": response["id"], "output_index": index, "item": item}
+        await self._send({"type": "response.output_item.added", **added})
+        for start in range(0, len(text), 8):
+            kind = "response.function_call_arguments.delta"
+            await self._send(
+                {"type": kind, "call_id": call_id, "delta": text[start : start + 8], **where}
+            )
+        item["arguments"] = text
+        item["status"] = "completed"
+        done = {"call_id": call_id, "name": name, "arguments": text}
+        await self._send({"type": "response.function_call_arguments.done", **done, **where})
+        await self._send(
+            {
+                "type": "response.output_item.done",
+                "response_id": response["id"],
+                "output_index": index,
+                "item": item,
+            }
+        )

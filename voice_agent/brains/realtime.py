@@ -1,0 +1,377 @@
+"""The speech-to-speech brain (`llm.provider: openai_realtime`): a Realtime model hears each of
+the caller's turns and speaks its reply itself, the runtime running its tools between.
+
+What stays the server's: when the caller's turn ends (its VAD, end-of-turn rule and STT, so a
+backchannel or a cough never reaches the model), barge-in, the triggers, the agent's functions
+with their implicit `state`, `context` and `secrets`, and the rule that only what the caller
+heard is committed. The model's conversation is kept to that rule: a reply the caller cut off
+is truncated at the audio they heard (`conversation.item.truncate`), one cut on its first word
+is deleted, and lines the server said by other means (the first message, a trigger's
+`respond`, the fallback line, spoken by the agent's TTS) go in as the assistant's text once
+heard. Each turn goes in as the caller's audio (with no voice side, as its text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from voice_agent.config import LlmConfig
+from voice_agent.engines.openai_http import load_sdk
+from voice_agent.engines.realtime import (
+    AudioFormat,
+    AudioOut,
+    FunctionCallOut,
+    RealtimeError,
+    RealtimeSettings,
+    RealtimeSocket,
+    ResponseEnd,
+    TranscriptOut,
+    format_for,
+)
+from voice_agent.runtime.conversation import CommitOutcome, ToolCallRecord
+from voice_agent.runtime.templates import render
+from voice_agent.runtime.turn_events import (
+    AgentAudio,
+    AgentAudioEnd,
+    AgentEvent,
+    CallerAudio,
+    StepOutcome,
+)
+
+if TYPE_CHECKING:
+    from voice_agent.runtime.session import CallSession
+
+log = logging.getLogger(__name__)
+
+
+class _Call:
+    """One call's socket to the model, and what the brain knows of the items in it."""
+
+    def __init__(self, brain: RealtimeBrain, session: CallSession) -> None:
+        self.session = session
+        encoding, rate = session.voice_format or ("pcm16", 24000)
+        self.audio: AudioFormat = format_for(encoding, rate)
+        self.voiced = session.voice_format is not None
+        self.socket = RealtimeSocket(
+            brain.settings,
+            self.audio,
+            modality="audio" if self.voiced else "text",
+            restore=self._restore,
+            on_input_transcript=self._input_transcript,
+            on_error=self._error,
+        )
+        self.replies: dict[int, str] = {}  # reply id -> the model's item voicing it
+        self.caller_items: set[str] = set()
+        # Edits to the model's conversation run in order, each after the one before.
+        self._edits: asyncio.Future[None] | None = None
+        self._leaving_out_last_user = False
+        self.opening: asyncio.Task[None] | None = None
+
+    # ---- the session -------------------------------------------------------------------
+
+    def instructions(self) -> str:
+        # The prompt as the LLM of a playbook gets it: rendered now, secrets redacted.
+        return self.session.redactor.text(self.session.system_prompt())
+
+    async def ready(self) -> None:
+        """The socket open (once, or again after a drop) with the prompt as state renders it."""
+        if self.opening is not None:
+            opening, self.opening = self.opening, None
+            with contextlib.suppress(RealtimeError):
+                await opening  # a failed first try: opened again below, its error raised
+        await self.socket.open(self.instructions(), self.session.agent.llm_tools())
+        await self.socket.set_instructions(self.instructions())
+
+    def _restore(self) -> list[dict[str, Any]]:
+        """The committed history as the model's items, for a session (re)opened mid-call."""
+        messages = [m for m in self.session.llm_messages() if m["role"] != "system"]
+        if self._leaving_out_last_user and messages and messages[-1]["role"] == "user":
+            messages.pop()  # the turn being taken: it goes in as the caller's audio
+        self.replies.clear()
+        return history_items(messages)
+
+    # ---- edits that follow commits -----------------------------------------------------
+
+    def edit(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        opened = self.socket.opened
+        before = self._edits
+
+        async def run() -> None:
+            if before is not None:
+                with contextlib.suppress(Exception):
+                    await before
+            # A session opened since was restored from the committed history, this included.
+            if self.socket.opened != opened or not self.socket.is_open:
+                return
+            try:
+                await make()
+            except RealtimeError as exc:
+                self._error(str(exc))
+
+        self._edits = asyncio.ensure_future(run())
+
+    async def settled(self) -> None:
+        if self._edits is not None:
+            with contextlib.suppress(Exception):
+                await self._edits
+
+    def committed(self, reply_id: int, outcome: CommitOutcome, heard_ms: float | None) -> None:
+        item_id = self.replies.pop(reply_id, None)
+        heard = outcome.committed
+        socket = self.socket
+        if item_id is None or not socket.holds(item_id):
+            if heard:  # a line the TTS said, or a reply from a session gone since
+                self.edit(lambda: socket.add_assistant_text(heard))
+            return
+        if heard_ms is None:
+            return  # heard to the end: the model's item is what was said
+        if not heard or heard_ms <= 0:
+            self.edit(lambda: socket.delete(item_id))
+        else:
+            self.edit(lambda: socket.truncate(item_id, round(heard_ms)))
+
+    # ---- what the model says of itself -------------------------------------------------
+
+    def _input_transcript(self, item_id: str, text: str) -> None:
+        if item_id in self.caller_items:
+            self.session.audit.add("model_heard", text=text)
+
+    def _error(self, message: str) -> None:
+        log.warning("call %s: Realtime session: %s", self.session.call_id, message)
+        self.session.audit.add("error", where="realtime", message=message)
+
+    async def close(self) -> None:
+        if self.opening is not None:
+            self.opening.cancel()
+        await self.settled()
+        await self.socket.close()
+
+
+def history_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat-format messages (the committed `context`) as Realtime conversation items."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role, content = message["role"], message.get("content")
+        if role == "user" and content:
+            items.append(
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": str(content)}],
+                }
+            )
+        elif role == "assistant":
+            if content:
+                part = {"type": "output_text", "text": str(content)}
+                items.append({"type": "message", "role": "assistant", "content": [part]})
+            for call in message.get("tool_calls") or ():
+                function = call["function"]
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call["id"],
+                        "name": function["name"],
+                        "arguments": function["arguments"],
+                    }
+                )
+        elif role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": str(content or ""),
+                }
+            )
+    return items
+
+
+def _tool_result(session: CallSession, call_id: str) -> str:
+    for message in reversed(session.llm_messages()):
+        if message["role"] == "tool" and message.get("tool_call_id") == call_id:
+            return str(message.get("content") or "")
+    return json.dumps({"error": "no result"})
+
+
+class RealtimeBrain:
+    """A playbook whose model is a Realtime session per call."""
+
+    hears_audio = True  # the voice pipeline hands it each turn's audio (pipeline/caller_turns)
+
+    def __init__(self, config: LlmConfig) -> None:
+        self.config = config
+        self.settings = RealtimeSettings(
+            model=config.model,
+            voice=config.voice,
+            base_url=config.base_url,
+            api_key=config.api_key,
+            input_transcription=config.input_transcription,
+            connect_timeout_s=config.request_timeout_s,
+            response_timeout_s=config.turn_deadline_s,
+            read_timeout_s=config.request_timeout_s,
+        )
+        self._calls: dict[str, _Call] = {}
+        load_sdk()
+
+    async def aclose(self) -> None:
+        for call in list(self._calls.values()):
+            await call.close()
+        self._calls.clear()
+
+    def _call(self, session: CallSession) -> _Call:
+        call = self._calls.get(session.call_id)
+        if call is None:
+            call = self._calls[session.call_id] = _Call(self, session)
+            session.commit_listeners.append(call.committed)
+
+            async def ended() -> None:
+                self._calls.pop(session.call_id, None)
+                await call.close()
+
+            session.end_listeners.append(ended)
+        return call
+
+    async def enter(self, session: CallSession, outcome: StepOutcome) -> AsyncIterator[AgentEvent]:
+        call = self._call(session)
+        if call.opening is None and not call.socket.is_open:
+            # Opened while the first message plays, so the caller's first turn does not wait.
+            call.opening = asyncio.ensure_future(
+                call.socket.open(call.instructions(), session.agent.llm_tools())
+            )
+        first_message = session.agent.config.first_message
+        if first_message and not outcome.responded:
+            async for item in session.say(render(first_message, session.state)):
+                yield item
+
+    async def event(
+        self, session: CallSession, name: str, data: Mapping[str, Any], outcome: StepOutcome
+    ) -> AsyncIterator[AgentEvent]:
+        return  # as a playbook: events reach it through @EventTrigger functions only
+        yield  # pragma: no cover - makes this an async generator
+
+    def expecting(self, session: CallSession) -> str | None:
+        return None
+
+    async def turn(self, session: CallSession, text: str) -> AsyncIterator[AgentEvent]:
+        call = self._call(session)
+        heard, session.caller_audio = session.caller_audio, None
+        try:
+            await call.settled()
+            call._leaving_out_last_user = True
+            try:
+                await call.ready()
+            finally:
+                call._leaving_out_last_user = False
+            await self._add_turn(call, text, heard)
+        except RealtimeError as exc:
+            async for item in self._failed(session, str(exc)):
+                yield item
+            return
+        for _ in range(session.agent.config.max_steps_per_turn):
+            outcome = StepOutcome()
+            async for item in session.run_triggers("before_model", outcome):
+                yield item
+            if outcome.ends_turn or outcome.transferred:
+                return
+            calls: list[FunctionCallOut] = []
+            failure: str | None = None
+            reply_id: int | None = None
+            try:
+                await call.settled()  # the tools' results, and any cut, before it answers
+                await call.ready()
+                async for output in call.socket.respond():
+                    if isinstance(output, AudioOut | TranscriptOut):
+                        if reply_id is None:
+                            reply_id = session.begin_reply()
+                            call.replies[reply_id] = output.item_id
+                        for event in self._voiced(call, reply_id, output):
+                            yield event
+                    elif isinstance(output, FunctionCallOut):
+                        calls.append(output)
+                    elif isinstance(output, ResponseEnd) and output.status == "failed":
+                        failure = output.detail or "the response failed"
+            except RealtimeError as exc:
+                failure = str(exc)
+            if reply_id is not None:
+                end = session.finish_reply(reply_id)
+                if call.voiced:
+                    yield AgentAudioEnd(reply_id, end.text)
+                else:
+                    yield end
+            if failure is not None:
+                if reply_id is None and not calls:
+                    async for item in self._failed(session, failure):
+                        yield item
+                    return
+                session.audit.add("error", where="realtime", message=failure)
+            if not calls:
+                return
+            outcome = StepOutcome()
+            async for item in self._run_calls(call, calls, reply_id, outcome):
+                yield item
+            if outcome.ends_turn or outcome.transferred or session.ended:
+                return
+        session.audit.add("error", where="realtime", message="too many action steps in one turn")
+
+    async def _add_turn(self, call: _Call, text: str, heard: CallerAudio | None) -> None:
+        if heard is not None and heard.pcm and call.voiced:
+            audio = call.audio.from_pcm(heard.pcm, heard.sample_rate)
+            item_id = await call.socket.add_user_audio(audio)
+        else:
+            item_id = await call.socket.add_user_text(text)
+        call.caller_items.add(item_id)
+
+    def _voiced(
+        self, call: _Call, reply_id: int, output: AudioOut | TranscriptOut
+    ) -> list[AgentEvent]:
+        session = call.session
+        text = output.text if isinstance(output, TranscriptOut) else ""
+        if not call.voiced:
+            return [session.extend_reply(reply_id, text)] if text else []
+        if text:
+            session.extend_reply(reply_id, text)
+        audio = output.audio if isinstance(output, AudioOut) else b""
+        fmt = call.audio
+        return [AgentAudio(reply_id, audio, fmt.encoding, fmt.sample_rate, text)]
+
+    async def _run_calls(
+        self,
+        call: _Call,
+        outputs: list[FunctionCallOut],
+        reply_id: int | None,
+        outcome: StepOutcome,
+    ) -> AsyncIterator[AgentEvent]:
+        session = call.session
+        records: list[ToolCallRecord] = []
+        invalid: list[tuple[ToolCallRecord, str]] = []
+        for output in outputs:
+            try:
+                arguments = json.loads(output.arguments or "{}")
+                problem = None if isinstance(arguments, dict) else "arguments must be an object"
+            except json.JSONDecodeError as exc:
+                arguments, problem = {}, f"arguments are not valid JSON ({exc.msg})"
+            record = ToolCallRecord(output.call_id, output.name, arguments if not problem else {})
+            records.append(record)
+            if problem:
+                invalid.append((record, problem))
+        session.audit.add(
+            "llm_actions", actions=[{"name": r.name, "arguments": r.arguments} for r in records]
+        )
+        try:
+            async for item in session.run_llm_calls(records, reply_id, outcome, invalid=invalid):
+                yield item
+        finally:
+            # Every call gets its result, run or not, before the model is asked again.
+            for record in records:
+                result = _tool_result(session, record.call_id)
+                call.edit(partial(call.socket.add_function_output, record.call_id, result))
+
+    async def _failed(self, session: CallSession, why: str) -> AsyncIterator[AgentEvent]:
+        session.audit.add("error", where="realtime", message=why)
+        async for item in session.say(session.agent.config.llm.fallback_line):
+            yield item
