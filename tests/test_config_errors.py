@@ -205,6 +205,24 @@ CASES = [
         ),
     ),
     case(
+        "a-voice-for-a-chat-model",
+        Case(
+            {CONFIG: PLAYBOOK + "    llm: {provider: openai, voice: marin}\n"},
+            CONFIG,
+            "agents.a.llm",
+            "`voice` is for `provider: openai_realtime` only",
+        ),
+    ),
+    case(
+        "an-unknown-llm-provider",
+        Case(
+            {CONFIG: PLAYBOOK + "    llm: {provider: openai_realtim}\n"},
+            CONFIG,
+            "agents.a.llm.provider",
+            "openai_realtime",
+        ),
+    ),
+    case(
         "llm-extraction-in-on-turn",
         Case(
             {CONFIG: PLAYBOOK + "    on_turn:\n      mood: 'llm string: \"The mood\"'\n"},

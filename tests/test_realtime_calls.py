@@ -51,6 +51,8 @@ def realtime_config(folder: Path, model: RealtimeStandIn, **voice: Any) -> Path:
         "voice": "marin",
     }
     data["voice"] = {"stt": {"provider": "pocketsphinx"}, **voice}
+    # Its own call store: the session's is shared with other modules that count concierge calls.
+    data["server"] = {**data.get("server", {}), "data_dir": str(folder / "data")}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "agents.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -68,9 +68,13 @@ class _Call:
         )
         self.replies: dict[int, str] = {}  # reply id -> the model's item voicing it
         self.caller_items: set[str] = set()
-        # Edits to the model's conversation run in order, each after the one before.
+        # Edits to the model's conversation run in order, each after the one before. Each
+        # follows a change to the committed history (numbered); a session opened since it was
+        # restored from that history, the change included, and the edit is left out.
         self._edits: asyncio.Future[None] | None = None
-        self._leaving_out_last_user = False
+        self._changes = 0
+        self._restored_upto = -1
+        self.leaving_out_last_user = False
         self.opening: asyncio.Task[None] | None = None
 
     # ---- the session -------------------------------------------------------------------
@@ -86,29 +90,33 @@ class _Call:
             with contextlib.suppress(RealtimeError):
                 await opening  # a failed first try: opened again below, its error raised
         await self.socket.open(self.instructions(), self.session.agent.llm_tools())
-        await self.socket.set_instructions(self.instructions())
 
     def _restore(self) -> list[dict[str, Any]]:
         """The committed history as the model's items, for a session (re)opened mid-call."""
-        messages = [m for m in self.session.llm_messages() if m["role"] != "system"]
-        if self._leaving_out_last_user and messages and messages[-1]["role"] == "user":
+        messages = self.session.committed_history()
+        if self.leaving_out_last_user and messages and messages[-1]["role"] == "user":
             messages.pop()  # the turn being taken: it goes in as the caller's audio
         self.replies.clear()
+        self._restored_upto = self._changes
         return history_items(messages)
 
     # ---- edits that follow commits -----------------------------------------------------
 
     def edit(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        opened = self.socket.opened
+        self._changes += 1
+        change = self._changes
         before = self._edits
 
         async def run() -> None:
             if before is not None:
                 with contextlib.suppress(Exception):
                     await before
-            # A session opened since was restored from the committed history, this included.
-            if self.socket.opened != opened or not self.socket.is_open:
-                return
+            opening = self.opening
+            if opening is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(opening)
+            if self._restored_upto >= change or not self.socket.is_open:
+                return  # restored with it, or the next session will be
             try:
                 await make()
             except RealtimeError as exc:
@@ -260,18 +268,21 @@ class RealtimeBrain:
     async def turn(self, session: CallSession, text: str) -> AsyncIterator[AgentEvent]:
         call = self._call(session)
         heard, session.caller_audio = session.caller_audio, None
+        # Until its own item is in, a session opening restores the history without this turn.
+        call.leaving_out_last_user = True
         try:
             await call.settled()
-            call._leaving_out_last_user = True
-            try:
-                await call.ready()
-            finally:
-                call._leaving_out_last_user = False
+            await call.ready()
             await self._add_turn(call, text, heard)
+        except asyncio.CancelledError:
+            call.leaving_out_last_user = False
+            raise
         except RealtimeError as exc:
+            call.leaving_out_last_user = False  # the model never got it: a new session should
             async for item in self._failed(session, str(exc)):
                 yield item
             return
+        call.leaving_out_last_user = False
         for _ in range(session.agent.config.max_steps_per_turn):
             outcome = StepOutcome()
             async for item in session.run_triggers("before_model", outcome):

@@ -129,12 +129,21 @@ class Conversation:
         """A copy without actions still running: their calls appear once their results do."""
         if not self._slots:
             return copy.deepcopy(self.messages)
+        return self._view(committed_only=False)
+
+    def committed(self) -> list[dict[str, Any]]:
+        """`snapshot` without the text of replies not yet committed (their tool calls stay):
+        what a copy of the conversation kept elsewhere may hold (brains/realtime.py)."""
+        return self._view(committed_only=True)
+
+    def _view(self, *, committed_only: bool) -> list[dict[str, Any]]:
         running_slots = {id(slot) for slot in self._slots.values()}
+        pending = {id(m) for m in self._pending.values()} if committed_only else set()
         view: list[dict[str, Any]] = []
-        for message in self.messages:
-            if id(message) in running_slots:
+        for original in self.messages:
+            if id(original) in running_slots:
                 continue
-            message = copy.deepcopy(message)
+            message = copy.deepcopy(original)
             if "tool_calls" in message:
                 calls = [c for c in message["tool_calls"] if c["id"] not in self._slots]
                 if calls:
@@ -143,6 +152,10 @@ class Conversation:
                     del message["tool_calls"]
                     if not message.get("content"):
                         continue
+            if id(original) in pending:
+                if not message.get("tool_calls"):
+                    continue
+                message["content"] = None
             view.append(message)
         return view
 

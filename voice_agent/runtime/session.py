@@ -132,6 +132,11 @@ class CallSession:
         redacted: list[dict[str, Any]] = self.redactor.value(messages)
         return redacted
 
+    def committed_history(self) -> list[dict[str, Any]]:
+        """The committed history alone (no reply still playing), redacted, without the prompt."""
+        committed: list[dict[str, Any]] = self.redactor.value(self.conversation.committed())
+        return committed
+
     def context_messages(self) -> list[dict[str, Any]]:
         return self.llm_messages()
 

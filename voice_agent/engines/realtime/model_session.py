@@ -10,9 +10,10 @@ Turn detection stays with the server (`turn_detection: null`): the server's VAD 
 rule decide when the caller has finished, as for every other agent, and a response starts only
 when asked for (`response.create`).
 
-When the socket drops mid-call, the next request opens a new session and rebuilds its
-conversation from `restore()`: the call's committed history as text items, so the model goes
-on knowing what was said (not the caller's earlier audio, which the server does not keep).
+Every session starts from `restore()`: the call's committed history as text items. That is
+nothing at a call's start; when the socket has dropped mid-call (the next request opens a new
+session) or the call was transferred to this agent, the model goes on knowing what was said
+(not the caller's earlier audio, which the server does not keep).
 """
 
 from __future__ import annotations
@@ -149,13 +150,21 @@ class RealtimeSocket:
         # delete of it would be an error event.
         self._items: set[str] = set()
         self._lock = asyncio.Lock()
+        # No response running on the server: a cancelled one runs until its response.done, and
+        # a response.create before that is refused (conversation_already_has_active_response).
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.opened = 0  # sessions opened so far: 2 or more means it reconnected
         self.closed = False
 
     # ---- the session -------------------------------------------------------------------
 
     async def open(self, instructions: str, tools: Sequence[Mapping[str, Any]]) -> None:
-        """Open the session (or reopen one that dropped, its conversation restored)."""
+        """Open the session (or reopen one that dropped, its conversation restored); on one
+        open already, only the instructions are brought up to date."""
+        if self.is_open:
+            await self.set_instructions(instructions)
+            return
         self._instructions = instructions
         self._tools = function_tools(tools)
         await self._ensure_open()
@@ -196,11 +205,11 @@ class RealtimeSocket:
         self.opened += 1
         self._items = set()
         await self._send({"type": "session.update", "session": self._session_config()})
-        restored = self._restore() if self.opened > 1 else []
+        restored = self._restore()
         for item in restored:
             await self._add(item)
         if restored:
-            log.info("Realtime session reopened, %d items restored", len(restored))
+            log.info("Realtime session opened, %d items of the call restored", len(restored))
         self._reader = asyncio.get_running_loop().create_task(self._read(self._connection))
 
     def _session_config(self) -> dict[str, Any]:
@@ -248,6 +257,7 @@ class RealtimeSocket:
             with contextlib.suppress(Exception):
                 await connection.close()
         self._end_response("failed", "the session's socket closed")
+        self._idle.set()
 
     # ---- the conversation --------------------------------------------------------------
 
@@ -307,8 +317,13 @@ class RealtimeSocket:
         """Ask for a response and stream it; always ends with one ResponseEnd. Stopping early
         (break, cancellation) cancels the response on the server."""
         await self._ensure_open()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.settings.read_timeout_s)
+        except TimeoutError:
+            pass  # never told the last one ended: ask anyway, and hear the error if it runs
         event_id = f"evt_{uuid.uuid4().hex[:20]}"
         response = self._response = _Response(event_id)
+        self._idle.clear()
         finished = False
         try:
             await self._send({"type": "response.create", "event_id": event_id})
@@ -362,6 +377,7 @@ class RealtimeSocket:
         except Exception as exc:
             log.warning("Realtime session lost: %s", _describe(exc))
         self._end_response("failed", "the session's socket closed")
+        self._idle.set()
 
     def _dispatch(self, event: Any) -> None:
         kind = getattr(event, "type", "")
@@ -375,6 +391,8 @@ class RealtimeSocket:
             # Every event sent here carries an id: an error naming another one is about that
             # event (a truncate of an item gone), one naming none is the session's own.
             if response is not None and caused_by in (None, response.event_id):
+                if caused_by is not None:
+                    self._idle.set()  # refused: it never ran
                 self._end_response("failed", text)
             elif self._on_error is not None:
                 self._on_error(text)
@@ -383,6 +401,8 @@ class RealtimeSocket:
             if self._on_input_transcript is not None:
                 self._on_input_transcript(str(event.item_id), str(event.transcript))
             return
+        if kind == "response.done":
+            self._idle.set()
         if response is None:
             return  # the tail of a response given up on
         if kind == "response.created":
