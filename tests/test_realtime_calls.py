@@ -18,9 +18,12 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from tests.support.baresip import Baresip, write_line
 from tests.support.configs import ended_call as record
 from tests.support.configs import serving
+from tests.support.live_calls import CallAudit, new_pipeline, recorded, words_in
 from tests.support.realtime_server import ModelReply, RealtimeStandIn
+from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.callers import TwilioClient
 from voice_agent.server.app import VoiceServer
 
@@ -234,3 +237,43 @@ async def test_a_trigger_that_blocks_an_action_is_what_the_model_learns(
     assert items(model, "message", "assistant")[-1]["content"][0]["text"] == guard
     assert len(model.of_type("response.create")) >= 1
     assert call["state"].get("booking_code") is None  # nothing was cancelled
+
+
+async def test_a_sip_caller_books_and_hears_the_models_own_voice(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """baresip calls the realtime concierge over SIP: its line reaches the model as G.711, the
+    model's tool call books the table, and what baresip recorded of the model's answer is
+    transcribed and holds its words."""
+    async with RealtimeStandIn(voice="piper") as voice_model:
+        config = realtime_config(tmp_path_factory.mktemp("sip"), voice_model)
+        async for server in serving(config, sip=True):
+            assert server.sip is not None
+            voice_model.script(
+                ModelReply(tool_calls=[("book_table", BOOKING)]),
+                ModelReply(text="Lovely, you are booked for two on Christmas Eve."),
+            )
+            line = write_line(tmp_path / "book.wav", ulaw_decode(ulaw("joe_book1")))
+            phone = Baresip(tmp_path)
+            await phone.start()
+            try:
+                known = set(server.pipelines)
+                await phone.dial(f"sip:concierge@127.0.0.1:{server.sip.port}")
+                pipeline = await new_pipeline(server, known)
+                events = CallAudit(pipeline)
+                await events.until("agent_utterance")  # the first message, played out
+                await phone.say(line)
+                answer = await events.until("agent_utterance")
+                await phone.hang_up()
+                await pipeline.finished.wait()
+            finally:
+                await phone.close()
+            call = await record(server, pipeline.session.call_id)
+    assert answer.data["committed"] == "Lovely, you are booked for two on Christmas Eve."
+    assert len(call["state"]["booking_code"]) == 6
+    assert voice_model.sessions[-1]["audio"]["output"]["format"]["type"] in (
+        "audio/pcmu",
+        "audio/pcma",
+    )
+    (said,) = await words_in(recorded(phone.heard()))
+    assert "for two on christmas eve" in said, said  # the model's words, over RTP

@@ -25,9 +25,10 @@ What it does, event by event (GA names):
 - Anything else: an `invalid_request_error` naming the event type. Every error names the
   client's `event_id` that caused it.
 
-The reply's audio is eSpeak NG speaking its text word by word, so the stand-in knows where
-each word ends: `heard_words(item)` is the words of an assistant item within its (truncated)
-audio. Audio is sent faster than real time, as the real service does (`realtime_factor`).
+The reply's audio is a TTS (eSpeak NG, or Piper) speaking its text word by word, so the
+stand-in knows where each word ends: `heard_words(item)` is the words of an assistant item
+within its (truncated) audio. Audio is sent faster than real time, as the real service does
+(`realtime_factor`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ def _ms(data: bytes, fmt: str) -> float:
 
 
 class RealtimeStandIn:
-    def __init__(self, *, realtime_factor: float = 4.0, piece_ms: float = 100.0) -> None:
+    def __init__(
+        self, *, realtime_factor: float = 4.0, piece_ms: float = 100.0, voice: str = "espeak"
+    ) -> None:
         self.realtime_factor = realtime_factor
         self.piece_ms = piece_ms
         self.replies: list[ModelReply] = []
@@ -85,7 +88,9 @@ class RealtimeStandIn:
         self.sessions: list[dict[str, Any]] = []
         self.received: list[str] = []  # every client event as sent, in order
         self.errors: list[dict[str, Any]] = []
-        self._tts = make_tts(TtsConfig(provider="espeak", voice="en-us"))
+        # The model's voice: eSpeak NG, or Piper's joe ("piper") where Whisper must read it.
+        config = TtsConfig(provider="piper") if voice == "piper" else TtsConfig(provider="espeak")
+        self._tts = make_tts(config)
         self._socket: web.WebSocketResponse | None = None
         self._response: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
