@@ -149,6 +149,10 @@ async def test_a_tool_call_reads_and_writes_state_and_only_heard_lines_reach_the
     assert json.loads(output["output"])["code"] == call["state"]["booking_code"]
     assert model.heard_words(answer) == "You are booked for two on Christmas Eve.".split()
     assert model.sessions[-1]["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+    # The turn's latency is recorded as for any agent: caller speech end -> the model's audio.
+    (turn,) = call["turns"]
+    assert turn["first_audio_sent_ms"] > turn["user_turn_ms"] >= turn["speech_end_ms"]
+    assert turn["speech_end_to_first_audio_ms"] > 0
     # The canary secret the function used never left the server.
     assert model.received and not any(CANARY in event for event in model.received)
     assert model.errors == []
