@@ -32,9 +32,6 @@ class AudioFormat:
             return {"type": self.name, "rate": self.sample_rate}
         return {"type": self.name}
 
-    def bytes_to_ms(self, count: int) -> float:
-        return count / self.carrier.bytes_per_ms
-
     def from_pcm(self, pcm: bytes, rate: int) -> bytes:
         """PCM16 at `rate` (a caller's turn as the pipeline kept it) in this format."""
         if rate != self.sample_rate:
