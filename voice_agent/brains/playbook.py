@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from voice_agent.brains.llm import ChatLLM, LlmSettings, TextDelta, ToolCallRequest
+from voice_agent.brains.llm import ChatLLM, LlmSettings, TextDelta
 from voice_agent.config import LlmConfig
 from voice_agent.engines.openai_http import load_sdk
 from voice_agent.errors import LlmError
@@ -18,14 +18,23 @@ if TYPE_CHECKING:
     from voice_agent.runtime.session import CallSession
 
 
-def _decode_arguments(request: ToolCallRequest) -> tuple[dict[str, Any], str | None]:
+def decode_arguments(text: str) -> tuple[dict[str, Any], str | None]:
+    """A model's tool-call arguments (its raw JSON text), or why they cannot be used."""
     try:
-        arguments = json.loads(request.arguments or "{}")
+        arguments = json.loads(text or "{}")
     except json.JSONDecodeError as exc:
         return {}, f"arguments are not valid JSON ({exc.msg})"
     if not isinstance(arguments, dict):
         return {}, "arguments must be a JSON object"
     return arguments, None
+
+
+async def first_message(session: CallSession, outcome: StepOutcome) -> AsyncIterator[AgentEvent]:
+    """A playbook's opening: its first message, rendered, unless an entry step answered."""
+    text = session.agent.config.first_message
+    if text and not outcome.responded:
+        async for item in session.say(render(text, session.state)):
+            yield item
 
 
 class PlaybookBrain:
@@ -58,10 +67,8 @@ class PlaybookBrain:
             self._llm = None
 
     async def enter(self, session: CallSession, outcome: StepOutcome) -> AsyncIterator[AgentEvent]:
-        first_message = session.agent.config.first_message
-        if first_message and not outcome.responded:
-            async for item in session.say(render(first_message, session.state)):
-                yield item
+        async for item in first_message(session, outcome):
+            yield item
 
     async def event(
         self, session: CallSession, name: str, data: Mapping[str, Any], outcome: StepOutcome
@@ -94,7 +101,7 @@ class PlaybookBrain:
                             reply_id = session.begin_reply()
                         yield session.extend_reply(reply_id, delta.text)
                     else:
-                        arguments, problem = _decode_arguments(delta)
+                        arguments, problem = decode_arguments(delta.arguments)
                         record = ToolCallRecord(delta.id, delta.name, arguments)
                         if problem:
                             bad_calls.append((record, problem))

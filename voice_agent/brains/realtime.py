@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from voice_agent.brains.playbook import decode_arguments, first_message
 from voice_agent.config import LlmConfig
 from voice_agent.engines.openai_http import load_sdk
 from voice_agent.engines.realtime import (
@@ -35,7 +36,6 @@ from voice_agent.engines.realtime import (
     format_for,
 )
 from voice_agent.runtime.conversation import CommitOutcome, ToolCallRecord
-from voice_agent.runtime.templates import render
 from voice_agent.runtime.turn_events import (
     AgentAudio,
     AgentAudioEnd,
@@ -251,10 +251,8 @@ class RealtimeBrain:
             call.opening = asyncio.ensure_future(
                 call.socket.open(call.instructions(), session.agent.llm_tools())
             )
-        first_message = session.agent.config.first_message
-        if first_message and not outcome.responded:
-            async for item in session.say(render(first_message, session.state)):
-                yield item
+        async for item in first_message(session, outcome):
+            yield item
 
     async def event(
         self, session: CallSession, name: str, data: Mapping[str, Any], outcome: StepOutcome
@@ -361,12 +359,8 @@ class RealtimeBrain:
         records: list[ToolCallRecord] = []
         invalid: list[tuple[ToolCallRecord, str]] = []
         for output in outputs:
-            try:
-                arguments = json.loads(output.arguments or "{}")
-                problem = None if isinstance(arguments, dict) else "arguments must be an object"
-            except json.JSONDecodeError as exc:
-                arguments, problem = {}, f"arguments are not valid JSON ({exc.msg})"
-            record = ToolCallRecord(output.call_id, output.name, arguments if not problem else {})
+            arguments, problem = decode_arguments(output.arguments)
+            record = ToolCallRecord(output.call_id, output.name, arguments)
             records.append(record)
             if problem:
                 invalid.append((record, problem))
