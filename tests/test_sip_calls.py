@@ -487,6 +487,9 @@ async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
         except TimeoutError:
             heard = [e.data for e in pipeline.session.audit.events if e.type == "user_utterance"]
             raise AssertionError(f"the agent did not end the call; it heard {heard}") from None
+        # The pipeline is done once the goodbye's mark is heard; the phone still plays it out
+        # until the BYE a second later: its recording is whole once the call closed there.
+        await phone.wait_event("CALL_CLOSED")
     finally:
         await phone.close()
     call = await last_call(server)
