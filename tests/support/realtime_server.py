@@ -29,8 +29,13 @@ What it does, event by event (GA names):
 
 The reply's audio is a TTS (eSpeak NG, or Piper) speaking its text word by word, so the
 stand-in knows where each word ends: `heard_words(item)` is the words of an assistant item
-within its (truncated) audio. Audio is sent faster than real time, as the real service does
-(`realtime_factor`).
+within its (truncated) audio; a text said once is not synthesised again. Audio is sent faster
+than real time, as the real service does (`realtime_factor`).
+
+Sessions are independent (each WebSocket has its own conversation and response), so a load run
+can hold hundreds; what tests read (`items`, `audio`) is the latest session's. Scripted replies
+are taken in order by whichever session asks; with none left, `default_reply`. `record=False`
+keeps no copy of the events received (a load run's memory).
 """
 
 from __future__ import annotations
@@ -73,6 +78,17 @@ class _Audio:
     ends_ms: list[tuple[str, float]] = field(default_factory=list)  # (word, end)
 
 
+@dataclass
+class _Connection:
+    """One session: its socket, settings, conversation and the response it is giving."""
+
+    ws: web.WebSocketResponse
+    session: dict[str, Any]
+    items: list[dict[str, Any]] = field(default_factory=list)
+    audio: dict[str, _Audio] = field(default_factory=dict)  # assistant item id -> its audio
+    response: asyncio.Task[None] | None = None
+
+
 def _ms(data: bytes, fmt: str) -> float:
     encoding, rate = _FORMATS[fmt]
     return len(data) / CarrierFormat(encoding, rate).bytes_per_ms  # type: ignore[arg-type]
@@ -80,23 +96,29 @@ def _ms(data: bytes, fmt: str) -> float:
 
 class RealtimeStandIn:
     def __init__(
-        self, *, realtime_factor: float = 4.0, piece_ms: float = 100.0, voice: str = "espeak"
+        self,
+        *,
+        realtime_factor: float = 4.0,
+        piece_ms: float = 100.0,
+        voice: str = "espeak",
+        record: bool = True,
     ) -> None:
         self.realtime_factor = realtime_factor
         self.piece_ms = piece_ms
+        self.record = record
         self.replies: list[ModelReply] = []
-        self.items: list[dict[str, Any]] = []  # the conversation of the latest session
-        self.audio: dict[str, _Audio] = {}  # assistant item id -> its audio
+        self.default_reply = ModelReply(text="I have nothing to say.")
         self.sessions: list[dict[str, Any]] = []
         self.received: list[str] = []  # every client event as sent, in order
         self.errors: list[dict[str, Any]] = []
+        self.open_sessions = 0
         # What its input transcription says of any caller audio (when the session asks for one).
         self.heard_as = "a table for two please"
         # The model's voice: eSpeak NG, or Piper's joe ("piper") where Whisper must read it.
         config = TtsConfig(provider="piper") if voice == "piper" else TtsConfig(provider="espeak")
         self._tts = make_tts(config)
-        self._socket: web.WebSocketResponse | None = None
-        self._response: asyncio.Task[None] | None = None
+        self._spoken: dict[tuple[str, str], _Audio] = {}
+        self._latest: _Connection | None = None
         self._runner: web.AppRunner | None = None
         self._changed = asyncio.Event()
         self.port = 0
@@ -144,6 +166,16 @@ class RealtimeStandIn:
 
     # ---- what tests read ---------------------------------------------------------------
 
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        """The conversation of the latest session."""
+        return self._latest.items if self._latest is not None else []
+
+    @property
+    def audio(self) -> dict[str, _Audio]:
+        """The latest session's assistant audio, by item id."""
+        return self._latest.audio if self._latest is not None else {}
+
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in map(json.loads, self.received) if e.get("type") == kind]
 
@@ -163,37 +195,43 @@ class RealtimeStandIn:
     async def _session(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
-        self._socket = ws
-        self.items = []
-        self.audio = {}
         session: dict[str, Any] = {
             "id": f"sess_{uuid.uuid4().hex[:16]}",
             "type": "realtime",
             "model": request.query.get("model", ""),
             "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}}},
         }
-        self.sessions.append(session)
-        await self._send({"type": "session.created", "session": session})
-        async for message in ws:
-            if message.type != WSMsgType.TEXT:
-                continue
-            self.received.append(message.data)
-            try:
-                await self._handle(json.loads(message.data), session)
-            except ConnectionResetError:
-                break
+        if self.record:
+            self.sessions.append(session)
+        conn = self._latest = _Connection(ws, session)
+        self.open_sessions += 1
+        try:
+            await self._send(conn, {"type": "session.created", "session": session})
+            async for message in ws:
+                if message.type != WSMsgType.TEXT:
+                    continue
+                if self.record:
+                    self.received.append(message.data)
+                try:
+                    await self._handle(conn, json.loads(message.data))
+                except ConnectionResetError:
+                    break
+                self._changed.set()
+        finally:
+            self.open_sessions -= 1
+            if conn.response is not None:
+                conn.response.cancel()
             self._changed.set()
-        if self._response is not None:
-            self._response.cancel()
-        self._changed.set()
         return ws
 
-    async def _send(self, event: dict[str, Any]) -> None:
-        ws = self._socket
-        if ws is not None and not ws.closed:
-            await ws.send_str(json.dumps({"event_id": f"event_{uuid.uuid4().hex[:12]}", **event}))
+    async def _send(self, conn: _Connection, event: dict[str, Any]) -> None:
+        if not conn.ws.closed:
+            event = {"event_id": f"event_{uuid.uuid4().hex[:12]}", **event}
+            await conn.ws.send_str(json.dumps(event))
 
-    async def _error(self, cause: Mapping[str, Any], code: str, message: str) -> None:
+    async def _error(
+        self, conn: _Connection, cause: Mapping[str, Any], code: str, message: str
+    ) -> None:
         error = {
             "type": "invalid_request_error",
             "code": code,
@@ -201,84 +239,94 @@ class RealtimeStandIn:
             "event_id": cause.get("event_id"),
         }
         self.errors.append(error)
-        await self._send({"type": "error", "error": error})
+        await self._send(conn, {"type": "error", "error": error})
 
-    async def _handle(self, event: dict[str, Any], session: dict[str, Any]) -> None:
+    async def _handle(self, conn: _Connection, event: dict[str, Any]) -> None:
         kind = event.get("type")
+        session = conn.session
         if kind == "session.update":
             update = event.get("session", {})
             for key, value in update.items():
                 session[key] = value
-            await self._send({"type": "session.updated", "session": session})
+            await self._send(conn, {"type": "session.updated", "session": session})
         elif kind == "conversation.item.create":
-            await self._create_item(event)
+            await self._create_item(conn, event)
         elif kind == "conversation.item.delete":
-            item = self._item(event.get("item_id"))
+            item = self._item(conn, event.get("item_id"))
             if item is None:
-                await self._error(event, "item_not_found", f"no item {event.get('item_id')!r}")
-                return
-            self.items.remove(item)
-            await self._send({"type": "conversation.item.deleted", "item_id": item["id"]})
-        elif kind == "conversation.item.truncate":
-            await self._truncate(event)
-        elif kind == "response.create":
-            if self._response is not None and not self._response.done():
                 await self._error(
+                    conn, event, "item_not_found", f"no item {event.get('item_id')!r}"
+                )
+                return
+            conn.items.remove(item)
+            await self._send(conn, {"type": "conversation.item.deleted", "item_id": item["id"]})
+        elif kind == "conversation.item.truncate":
+            await self._truncate(conn, event)
+        elif kind == "response.create":
+            if conn.response is not None and not conn.response.done():
+                await self._error(
+                    conn,
                     event,
                     "conversation_already_has_active_response",
                     "Conversation already has an active response in progress",
                 )
                 return
-            self._response = asyncio.ensure_future(self._respond(event, session))
+            conn.response = asyncio.ensure_future(self._respond(conn, event))
         elif kind == "response.cancel":
-            if self._response is None or self._response.done():
-                await self._error(event, "response_cancel_not_active", "no active response")
+            if conn.response is None or conn.response.done():
+                await self._error(conn, event, "response_cancel_not_active", "no active response")
                 return
-            self._response.cancel()
+            conn.response.cancel()
         else:
-            await self._error(event, "unknown_event", f"unsupported event type {kind!r}")
+            await self._error(conn, event, "unknown_event", f"unsupported event type {kind!r}")
 
-    def _item(self, item_id: Any) -> dict[str, Any] | None:
-        return next((i for i in self.items if i.get("id") == item_id), None)
+    def _item(self, conn: _Connection, item_id: Any) -> dict[str, Any] | None:
+        return next((i for i in conn.items if i.get("id") == item_id), None)
 
-    async def _create_item(self, event: dict[str, Any]) -> None:
+    async def _create_item(self, conn: _Connection, event: dict[str, Any]) -> None:
         item = dict(event.get("item", {}))
         item.setdefault("id", f"item_{uuid.uuid4().hex[:16]}")
-        if self._item(item["id"]) is not None:
-            await self._error(event, "item_id_in_use", f"item {item['id']!r} exists")
+        if self._item(conn, item["id"]) is not None:
+            await self._error(conn, event, "item_id_in_use", f"item {item['id']!r} exists")
             return
         if len(str(item["id"])) > 32:
-            await self._error(event, "invalid_value", "an item id is at most 32 characters")
+            await self._error(conn, event, "invalid_value", "an item id is at most 32 characters")
             return
-        previous = self.items[-1]["id"] if self.items else None
-        self.items.append(item)
+        previous = conn.items[-1]["id"] if conn.items else None
+        conn.items.append(item)
         for kind in ("conversation.item.added", "conversation.item.done"):
-            await self._send({"type": kind, "previous_item_id": previous, "item": item})
-        transcribing = self.sessions[-1].get("audio", {}).get("input", {}).get("transcription")
+            await self._send(conn, {"type": kind, "previous_item_id": previous, "item": item})
+        transcribing = conn.session.get("audio", {}).get("input", {}).get("transcription")
         audio = [p for p in item.get("content", ()) if p.get("type") == "input_audio"]
         if transcribing and audio:
             # Run apart from any response, as the API's is; the stand-in "hears" a fixed line.
             await self._send(
+                conn,
                 {
                     "type": "conversation.item.input_audio_transcription.completed",
                     "item_id": item["id"],
                     "content_index": 0,
                     "transcript": self.heard_as,
                     "usage": {"type": "duration", "seconds": 1.0},
-                }
+                },
             )
 
-    async def _truncate(self, event: dict[str, Any]) -> None:
-        item = self._item(event.get("item_id"))
-        audio = self.audio.get(str(event.get("item_id")))
+    async def _truncate(self, conn: _Connection, event: dict[str, Any]) -> None:
+        item = self._item(conn, event.get("item_id"))
+        audio = conn.audio.get(str(event.get("item_id")))
         if item is None or item.get("role") != "assistant" or audio is None:
-            await self._error(event, "invalid_item", "only assistant audio items can be truncated")
+            await self._error(
+                conn, event, "invalid_item", "only assistant audio items can be truncated"
+            )
             return
         end_ms = int(event.get("audio_end_ms", -1))
         length = _ms(audio.data, audio.format)
         if end_ms < 0 or end_ms > length + 1:
             await self._error(
-                event, "invalid_value", f"audio_end_ms {end_ms} is past the audio ({length:.0f})"
+                conn,
+                event,
+                "invalid_value",
+                f"audio_end_ms {end_ms} is past the audio ({length:.0f})",
             )
             return
         encoding, rate = _FORMATS[audio.format]
@@ -288,17 +336,21 @@ class RealtimeStandIn:
         audio.data = audio.data[:keep]
         item["content"] = [{"type": "output_audio", "transcript": None}]
         await self._send(
+            conn,
             {
                 "type": "conversation.item.truncated",
                 "item_id": item["id"],
                 "content_index": 0,
                 "audio_end_ms": end_ms,
-            }
+            },
         )
 
     # ---- responses ---------------------------------------------------------------------
 
     async def _speak(self, text: str, fmt: str) -> _Audio:
+        spoken = self._spoken.get((text, fmt))
+        if spoken is not None:  # a copy: a truncate cuts one item's audio, not the text's
+            return _Audio(spoken.data, fmt, list(spoken.ends_ms))
         encoding, rate = _FORMATS[fmt]
         target = CarrierFormat(encoding, rate)  # type: ignore[arg-type]
         audio = _Audio(b"", fmt)
@@ -307,43 +359,48 @@ class RealtimeStandIn:
             data = target.encode(resample(pcm, self._tts.sample_rate, rate))
             audio.data += data
             audio.ends_ms.append((word, _ms(audio.data, fmt)))
+        self._spoken[(text, fmt)] = _Audio(audio.data, fmt, list(audio.ends_ms))
         return audio
 
-    async def _respond(self, event: Mapping[str, Any], session: dict[str, Any]) -> None:
+    async def _respond(self, conn: _Connection, event: Mapping[str, Any]) -> None:
         response_id = f"resp_{uuid.uuid4().hex[:16]}"
         response: dict[str, Any] = {"id": response_id, "status": "in_progress", "output": []}
-        reply = self.replies.pop(0) if self.replies else ModelReply(text="I have nothing to say.")
+        reply = self.replies.pop(0) if self.replies else self.default_reply
         if reply.drop_socket:
-            if self._socket is not None:
-                await self._socket.close()
+            await conn.ws.close()
             return
         if reply.error is not None:
-            await self._error(event, "server_error", reply.error)
+            await self._error(conn, event, "server_error", reply.error)
             return
-        await self._send({"type": "response.created", "response": response})
-        fmt = session.get("audio", {}).get("output", {}).get("format", {}).get("type", "audio/pcm")
+        await self._send(conn, {"type": "response.created", "response": response})
+        fmt = (
+            conn.session.get("audio", {})
+            .get("output", {})
+            .get("format", {})
+            .get("type", "audio/pcm")
+        )
         status = "completed"
         try:
             await asyncio.sleep(reply.delay_s)
             index = 0
             if reply.text:
-                await self._message(response, index, reply.text, fmt, session)
+                await self._message(conn, response, index, reply.text, fmt)
                 index += 1
             for name, arguments in reply.tool_calls:
-                await self._function_call(response, index, name, arguments)
+                await self._function_call(conn, response, index, name, arguments)
                 index += 1
         except asyncio.CancelledError:
             status = "cancelled"
         response["status"] = status
         if status == "cancelled":
             response["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
-        await asyncio.shield(self._send({"type": "response.done", "response": response}))
+        await asyncio.shield(self._send(conn, {"type": "response.done", "response": response}))
 
     async def _message(
-        self, response: dict[str, Any], index: int, text: str, fmt: str, session: dict[str, Any]
+        self, conn: _Connection, response: dict[str, Any], index: int, text: str, fmt: str
     ) -> None:
         item_id = f"item_{uuid.uuid4().hex[:16]}"
-        voiced = session.get("output_modalities", ["audio"]) == ["audio"]
+        voiced = conn.session.get("output_modalities", ["audio"]) == ["audio"]
         part_type = "output_audio" if voiced else "output_text"
         item: dict[str, Any] = {
             "id": item_id,
@@ -352,25 +409,25 @@ class RealtimeStandIn:
             "status": "in_progress",
             "content": [],
         }
-        self.items.append(item)
+        conn.items.append(item)
         response["output"].append(item)
         where = {"response_id": response["id"], "item_id": item_id, "output_index": index}
         added = {"response_id": response["id"], "output_index": index, "item": item}
-        await self._send({"type": "response.output_item.added", **added})
+        await self._send(conn, {"type": "response.output_item.added", **added})
         part = {"type": part_type, "transcript": ""} if voiced else {"type": part_type, "text": ""}
         item["content"] = [part]
         await self._send(
-            {"type": "response.content_part.added", "content_index": 0, "part": part, **where}
+            conn, {"type": "response.content_part.added", "content_index": 0, "part": part, **where}
         )
         at = {**where, "content_index": 0}
         if not voiced:
             for word in text.split(" "):
                 part["text"] += ("" if not part["text"] else " ") + word
                 delta = word if part["text"] == word else " " + word
-                await self._send({"type": "response.output_text.delta", "delta": delta, **at})
-            await self._send({"type": "response.output_text.done", "text": text, **at})
+                await self._send(conn, {"type": "response.output_text.delta", "delta": delta, **at})
+            await self._send(conn, {"type": "response.output_text.done", "text": text, **at})
         else:
-            audio = self._audio_for(item_id, await self._speak(text, fmt))
+            audio = conn.audio[item_id] = await self._speak(text, fmt)
             said = 0
             step = int(self.piece_ms * CarrierFormat(*_FORMATS[fmt]).bytes_per_ms)  # type: ignore[arg-type]
             step -= step % 2
@@ -385,33 +442,37 @@ class RealtimeStandIn:
                     part["transcript"] += delta
                     said = len(words)
                     kind = "response.output_audio_transcript.delta"
-                    await self._send({"type": kind, "delta": delta, **at})
+                    await self._send(conn, {"type": kind, "delta": delta, **at})
                 encoded = base64.b64encode(piece).decode("ascii")
-                await self._send({"type": "response.output_audio.delta", "delta": encoded, **at})
+                await self._send(
+                    conn, {"type": "response.output_audio.delta", "delta": encoded, **at}
+                )
                 await asyncio.sleep(self.piece_ms / 1000 / self.realtime_factor)
-            await self._send({"type": "response.output_audio.done", **at})
+            await self._send(conn, {"type": "response.output_audio.done", **at})
             transcript = part["transcript"]
             kind = "response.output_audio_transcript.done"
-            await self._send({"type": kind, "transcript": transcript, **at})
+            await self._send(conn, {"type": kind, "transcript": transcript, **at})
         item["status"] = "completed"
         await self._send(
-            {"type": "response.content_part.done", "content_index": 0, "part": part, **where}
+            conn, {"type": "response.content_part.done", "content_index": 0, "part": part, **where}
         )
         await self._send(
+            conn,
             {
                 "type": "response.output_item.done",
                 "response_id": response["id"],
                 "output_index": index,
                 "item": item,
-            }
+            },
         )
 
-    def _audio_for(self, item_id: str, audio: _Audio) -> _Audio:
-        self.audio[item_id] = audio
-        return audio
-
     async def _function_call(
-        self, response: dict[str, Any], index: int, name: str, arguments: Mapping[str, Any]
+        self,
+        conn: _Connection,
+        response: dict[str, Any],
+        index: int,
+        name: str,
+        arguments: Mapping[str, Any],
     ) -> None:
         item_id = f"item_{uuid.uuid4().hex[:16]}"
         call_id = f"call_{uuid.uuid4().hex[:12]}"
@@ -424,25 +485,26 @@ class RealtimeStandIn:
             "name": name,
             "arguments": "",
         }
-        self.items.append(item)
+        conn.items.append(item)
         response["output"].append(item)
         where = {"response_id": response["id"], "item_id": item_id, "output_index": index}
         added = {"response_id": response["id"], "output_index": index, "item": item}
-        await self._send({"type": "response.output_item.added", **added})
+        await self._send(conn, {"type": "response.output_item.added", **added})
         for start in range(0, len(text), 8):
             kind = "response.function_call_arguments.delta"
             await self._send(
-                {"type": kind, "call_id": call_id, "delta": text[start : start + 8], **where}
+                conn, {"type": kind, "call_id": call_id, "delta": text[start : start + 8], **where}
             )
         item["arguments"] = text
         item["status"] = "completed"
         done = {"call_id": call_id, "name": name, "arguments": text}
-        await self._send({"type": "response.function_call_arguments.done", **done, **where})
+        await self._send(conn, {"type": "response.function_call_arguments.done", **done, **where})
         await self._send(
+            conn,
             {
                 "type": "response.output_item.done",
                 "response_id": response["id"],
                 "output_index": index,
                 "item": item,
-            }
+            },
         )
