@@ -214,6 +214,24 @@ CASES = [
         ),
     ),
     case(
+        "a-session-limit-for-a-chat-model",
+        Case(
+            {CONFIG: PLAYBOOK + "    llm: {provider: openai, session_max_s: 600}\n"},
+            CONFIG,
+            "agents.a.llm",
+            "`session_max_s` is for `provider: openai_realtime` only",
+        ),
+    ),
+    case(
+        "a-realtime-session-limit-of-nothing",
+        Case(
+            {CONFIG: PLAYBOOK + "    llm: {provider: openai_realtime, session_max_s: 0}\n"},
+            CONFIG,
+            "agents.a.llm.session_max_s",
+            "greater than 0",
+        ),
+    ),
+    case(
         "an-unknown-llm-provider",
         Case(
             {CONFIG: PLAYBOOK + "    llm: {provider: openai_realtim}\n"},

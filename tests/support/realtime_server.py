@@ -27,6 +27,16 @@ What it does, event by event (GA names):
 - Anything else: an `invalid_request_error` naming the event type. Every error names the
   client's `event_id` that caused it.
 
+Refusals and limits, as the service gives them (set per test):
+- `api_key`: a request without `Authorization: Bearer <it>` is refused at the handshake with
+  HTTP 401 and OpenAI's JSON error body (`invalid_api_key`), as OpenAI's REST endpoints do.
+- `models`: a session for a model not in it gets an `error` event (`model_not_found`, OpenAI's
+  wording "The model `x` does not exist or you do not have access to it.") and is closed.
+- `max_session_s`: a session that has run this long gets an `error` event (`session_expired`,
+  "Your session hit the maximum duration of ...", what OpenAI sends at its limit of an hour; the
+  reference does not list it, clients in the wild match that code) and is closed, a response
+  under way cut off with it.
+
 The reply's audio is a TTS (eSpeak NG, or Piper) speaking its text word by word, so the
 stand-in knows where each word ends: `heard_words(item)` is the words of an assistant item
 within its (truncated) audio; a text said once is not synthesised again. Audio is sent faster
@@ -102,7 +112,13 @@ class RealtimeStandIn:
         piece_ms: float = 100.0,
         voice: str = "espeak",
         record: bool = True,
+        api_key: str | None = None,
+        models: Sequence[str] | None = None,
+        max_session_s: float | None = None,
     ) -> None:
+        self.api_key = api_key
+        self.models = models
+        self.max_session_s = max_session_s
         self.realtime_factor = realtime_factor
         self.piece_ms = piece_ms
         self.record = record
@@ -192,7 +208,16 @@ class RealtimeStandIn:
 
     # ---- the session -------------------------------------------------------------------
 
-    async def _session(self, request: web.Request) -> web.WebSocketResponse:
+    async def _session(self, request: web.Request) -> web.StreamResponse:
+        if self.api_key is not None and request.headers.get("Authorization") != (
+            f"Bearer {self.api_key}"
+        ):
+            error = {
+                "message": "Incorrect API key provided.",
+                "type": "invalid_request_error",
+                "code": "invalid_api_key",
+            }
+            return web.json_response({"error": error}, status=401)
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         session: dict[str, Any] = {
@@ -205,8 +230,18 @@ class RealtimeStandIn:
             self.sessions.append(session)
         conn = self._latest = _Connection(ws, session)
         self.open_sessions += 1
+        limit = None
+        if self.max_session_s is not None:
+            limit = asyncio.get_running_loop().call_later(
+                self.max_session_s, lambda: asyncio.ensure_future(self._expire(conn))
+            )
         try:
             await self._send(conn, {"type": "session.created", "session": session})
+            asked = session["model"]
+            if self.models is not None and asked not in self.models:
+                refusal = f"The model `{asked}` does not exist or you do not have access to it."
+                await self._error(conn, {}, "model_not_found", refusal)
+                await ws.close()
             async for message in ws:
                 if message.type != WSMsgType.TEXT:
                     continue
@@ -218,11 +253,21 @@ class RealtimeStandIn:
                     break
                 self._changed.set()
         finally:
+            if limit is not None:
+                limit.cancel()
             self.open_sessions -= 1
             if conn.response is not None:
                 conn.response.cancel()
             self._changed.set()
         return ws
+
+    async def _expire(self, conn: _Connection) -> None:
+        minutes = (self.max_session_s or 0) / 60
+        message = f"Your session hit the maximum duration of {minutes:g} minutes."
+        if conn.response is not None:
+            conn.response.cancel()
+        await self._error(conn, {}, "session_expired", message)
+        await conn.ws.close()
 
     async def _send(self, conn: _Connection, event: dict[str, Any]) -> None:
         if not conn.ws.closed:

@@ -9,6 +9,14 @@ is truncated at the audio they heard (`conversation.item.truncate`), one cut on 
 is deleted, and lines the server said by other means (the first message, a trigger's
 `respond`, the fallback line, spoken by the agent's TTS) go in as the assistant's text once
 heard. Each turn goes in as the caller's audio (with no voice side, as its text).
+
+When the model fails: a response that fails on a working socket gets the `fallback_line` and
+the call goes on, as with a chat model. A socket that drops is reopened at once, the call's
+history restored, and the turn asked again (the caller's audio of it is gone; its transcript
+stands in). A model that cannot be reached after that, or refuses the key or the model, gets
+the `unavailable_line` and the call ends `interrupted`: no caller is left asking a line that
+will never answer. A refusal is logged once per agent, not once per call. A session older than
+`session_max_s` is replaced at the caller's next turn, before the service ends it mid-reply.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +49,7 @@ from voice_agent.runtime.turn_events import (
     AgentAudio,
     AgentAudioEnd,
     AgentEvent,
+    CallEnd,
     CallerAudio,
     StepOutcome,
 )
@@ -206,6 +216,20 @@ def _tool_result(session: CallSession, call_id: str) -> str:
     return json.dumps({"error": "no result"})
 
 
+@dataclass
+class _Step:
+    """What one response of the model gave besides its reply's events."""
+
+    calls: list[FunctionCallOut] = field(default_factory=list)
+    failure: str | None = None
+    reply_id: int | None = None
+
+    @property
+    def unanswered(self) -> bool:
+        """Failed with nothing said and nothing asked: the caller got no answer."""
+        return self.failure is not None and self.reply_id is None and not self.calls
+
+
 class RealtimeBrain:
     """A playbook whose model is a Realtime session per call."""
 
@@ -224,6 +248,7 @@ class RealtimeBrain:
             read_timeout_s=config.request_timeout_s,
         )
         self._calls: dict[str, _Call] = {}
+        self._refusal_said = False  # a wrong key or model: logged once, for the first call
         load_sdk()
 
     async def aclose(self) -> None:
@@ -270,6 +295,10 @@ class RealtimeBrain:
         call.leaving_out_last_user = True
         try:
             await call.settled()
+            limit = self.config.session_max_s
+            if limit is not None and call.socket.age_s > limit:
+                log.info("call %s: Realtime session renewed after %.0f s", session.call_id, limit)
+                await call.socket.renew()
             await call.ready()
             await self._add_turn(call, text, heard)
         except asyncio.CancelledError:
@@ -277,7 +306,7 @@ class RealtimeBrain:
             raise
         except RealtimeError as exc:
             call.leaving_out_last_user = False  # the model never got it: a new session should
-            async for item in self._failed(session, str(exc)):
+            async for item in self._unavailable(session, exc):
                 yield item
             return
         call.leaving_out_last_user = False
@@ -287,45 +316,62 @@ class RealtimeBrain:
                 yield item
             if outcome.ends_turn or outcome.transferred:
                 return
-            calls: list[FunctionCallOut] = []
-            failure: str | None = None
-            reply_id: int | None = None
-            try:
-                await call.settled()  # the tools' results, and any cut, before it answers
-                await call.ready()
-                async for output in call.socket.respond():
-                    if isinstance(output, AudioOut | TranscriptOut):
-                        if reply_id is None:
-                            reply_id = session.begin_reply()
-                            call.replies[reply_id] = output.item_id
-                        for event in self._voiced(call, reply_id, output):
-                            yield event
-                    elif isinstance(output, FunctionCallOut):
-                        calls.append(output)
-                    elif isinstance(output, ResponseEnd) and output.status == "failed":
-                        failure = output.detail or "the response failed"
-            except RealtimeError as exc:
-                failure = str(exc)
-            if reply_id is not None:
-                end = session.finish_reply(reply_id)
-                if call.voiced:
-                    yield AgentAudioEnd(reply_id, end.text)
-                else:
-                    yield end
-            if failure is not None:
-                if reply_id is None and not calls:
-                    async for item in self._failed(session, failure):
+            step = _Step()
+            for attempt in range(2):
+                step = _Step()
+                try:
+                    await call.settled()  # the tools' results, and any cut, before it answers
+                    await call.ready()
+                except RealtimeError as exc:
+                    async for item in self._unavailable(session, exc):
                         yield item
                     return
-                session.audit.add("error", where="realtime", message=failure)
-            if not calls:
+                async for event in self._respond(call, step):
+                    yield event
+                if step.failure is not None:
+                    session.audit.add("error", where="realtime", message=step.failure)
+                if attempt == 0 and step.unanswered and not call.socket.is_open:
+                    continue  # a new session, restored with this turn in it, answers it
+                break
+            if step.unanswered:
+                if not call.socket.is_open:
+                    assert step.failure is not None
+                    async for item in self._unavailable(session, RealtimeError(step.failure)):
+                        yield item
+                    return
+                async for item in session.say(session.agent.config.llm.fallback_line):
+                    yield item
+                return
+            if not step.calls:
                 return
             outcome = StepOutcome()
-            async for item in self._run_calls(call, calls, reply_id, outcome):
+            async for item in self._run_calls(call, step.calls, step.reply_id, outcome):
                 yield item
             if outcome.ends_turn or outcome.transferred or session.ended:
                 return
         session.audit.add("error", where="realtime", message="too many action steps in one turn")
+
+    async def _respond(self, call: _Call, step: _Step) -> AsyncIterator[AgentEvent]:
+        """One response of the model, streamed as the reply's events; what else it gave (tool
+        calls, a failure) goes into `step`."""
+        session = call.session
+        try:
+            async for output in call.socket.respond():
+                if isinstance(output, AudioOut | TranscriptOut):
+                    if step.reply_id is None:
+                        step.reply_id = session.begin_reply()
+                        call.replies[step.reply_id] = output.item_id
+                    for event in self._voiced(call, step.reply_id, output):
+                        yield event
+                elif isinstance(output, FunctionCallOut):
+                    step.calls.append(output)
+                elif isinstance(output, ResponseEnd) and output.status == "failed":
+                    step.failure = output.detail or "the response failed"
+        except RealtimeError as exc:
+            step.failure = str(exc)
+        if step.reply_id is not None:
+            end = session.finish_reply(step.reply_id)
+            yield AgentAudioEnd(step.reply_id, end.text) if call.voiced else end
 
     async def _add_turn(self, call: _Call, text: str, heard: CallerAudio | None) -> None:
         if heard is not None and heard.pcm and call.voiced:
@@ -376,7 +422,21 @@ class RealtimeBrain:
                 result = _tool_result(session, record.call_id)
                 call.edit(partial(call.socket.add_function_output, record.call_id, result))
 
-    async def _failed(self, session: CallSession, why: str) -> AsyncIterator[AgentEvent]:
+    async def _unavailable(
+        self, session: CallSession, error: RealtimeError
+    ) -> AsyncIterator[AgentEvent]:
+        """No session can be had: the caller is told so, and the call ends."""
+        why = str(error)
         session.audit.add("error", where="realtime", message=why)
-        async for item in session.say(session.agent.config.llm.fallback_line):
+        if error.lasting and not self._refusal_said:
+            self._refusal_said = True
+            log.error(
+                "agent %s: the Realtime endpoint refuses its calls (agents.%s.llm: "
+                "api_key, model, base_url): %s",
+                session.agent.name,
+                session.agent.name,
+                why,
+            )
+        async for item in session.say(self.config.unavailable_line or ""):
             yield item
+        yield CallEnd(f"interrupted: the speech-to-speech model is unavailable ({why})")

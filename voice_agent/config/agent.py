@@ -26,6 +26,10 @@ from voice_agent.config.voice import (
 from voice_agent.destination import DESTINATION
 
 REALTIME_MODEL = "gpt-realtime"
+REALTIME_SESSION_MAX_S = 55 * 60.0  # five minutes inside OpenAI's limit of an hour
+REALTIME_UNAVAILABLE_LINE = (
+    "Sorry, I can't take your call right now. Please call back a little later. Goodbye."
+)
 
 
 class LlmConfig(Strict):
@@ -44,18 +48,26 @@ class LlmConfig(Strict):
     # for its own record of what the caller said (none: the server's STT text alone).
     voice: str | None = None
     input_transcription: str | None = None
+    # openai_realtime only: a session older than this is replaced by a new one (the call's
+    # history restored) at the caller's next turn, before the service ends it mid-reply
+    # (OpenAI at 60 minutes, Azure at 30); and what the agent says before it ends a call its
+    # model cannot be reached for (the key or model refused, or no session after a retry).
+    session_max_s: float | None = Field(default=None, gt=0)
+    unavailable_line: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _realtime_model(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("provider") == "openai_realtime":
             data.setdefault("model", REALTIME_MODEL)
+            data.setdefault("session_max_s", REALTIME_SESSION_MAX_S)
+            data.setdefault("unavailable_line", REALTIME_UNAVAILABLE_LINE)
         return data
 
     @model_validator(mode="after")
     def _realtime_keys(self) -> LlmConfig:
         if self.provider != "openai_realtime":
-            for key in ("voice", "input_transcription"):
+            for key in ("voice", "input_transcription", "session_max_s", "unavailable_line"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"`{key}` is for `provider: openai_realtime` only")
         return self

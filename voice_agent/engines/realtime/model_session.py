@@ -12,8 +12,13 @@ when asked for (`response.create`).
 
 Every session starts from `restore()`: the call's committed history as text items. That is
 nothing at a call's start; when the socket has dropped mid-call (the next request opens a new
-session) or the call was transferred to this agent, the model goes on knowing what was said
-(not the caller's earlier audio, which the server does not keep).
+session), when the owner `renew()`s a session near the service's time limit, or when the call
+was transferred to this agent, the model goes on knowing what was said (not the caller's
+earlier audio, which the server does not keep).
+
+A refusal no retry can mend (the key rejected at the handshake, 401/403; the model unknown,
+404 or an error event saying so) is a `RealtimeError` with `lasting` set, and the socket
+does not try again: every later use raises the same error at once.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,8 +51,21 @@ _TRANSCRIPT_DELTA = frozenset(
 _TEXT_DELTA = frozenset({"response.output_text.delta", "response.text.delta"})
 
 
+# Error codes of the service meaning the key or the model is wrong: no session will open.
+_LASTING_CODES = frozenset({"invalid_api_key", "model_not_found", "insufficient_quota"})
+_LASTING_STATUS = frozenset({401, 403, 404})
+# Codes of errors after which the service closes the session (its time limit); the next use
+# opens a new one.
+_ENDING_CODES = frozenset({"session_expired"})
+
+
 class RealtimeError(Exception):
-    """The model's session could not be opened or used."""
+    """The model's session could not be opened or used; `lasting`: it never will be (a wrong
+    key or model), so nothing should wait to try again."""
+
+    def __init__(self, message: str, *, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 @dataclass(frozen=True)
@@ -133,6 +153,7 @@ class RealtimeSocket:
         restore: Callable[[], list[dict[str, Any]]] = list,
         on_input_transcript: Callable[[str, str], None] | None = None,
         on_error: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.audio = audio
@@ -156,6 +177,12 @@ class RealtimeSocket:
         self._idle.set()
         self.opened = 0  # sessions opened so far: 2 or more means it reconnected
         self.closed = False
+        self._clock = clock
+        self._opened_at = 0.0
+        self._refused: RealtimeError | None = None  # a lasting refusal: no more tries
+        # The service said it is ending the session (its time limit): not open, though the
+        # socket may not have closed yet.
+        self._ending = False
 
     # ---- the session -------------------------------------------------------------------
 
@@ -171,11 +198,26 @@ class RealtimeSocket:
 
     @property
     def is_open(self) -> bool:
-        return self._connection is not None and self._reader is not None and not self._reader.done()
+        reading = self._reader is not None and not self._reader.done()
+        return self._connection is not None and reading and not self._ending
+
+    @property
+    def age_s(self) -> float:
+        """How long the open session has run (0 with none open)."""
+        return self._clock() - self._opened_at if self.is_open else 0.0
+
+    async def renew(self) -> None:
+        """Replace the open session with a new one, restored from the call's history (before the
+        service's own limit on a session's length ends it mid-reply)."""
+        async with self._lock:
+            await self._drop()
+        await self._ensure_open()
 
     async def _ensure_open(self) -> None:
         if self.closed:
             raise RealtimeError("the model's session is closed")
+        if self._refused is not None:
+            raise self._refused
         if self.is_open:
             return
         async with self._lock:
@@ -191,7 +233,14 @@ class RealtimeSocket:
             except RealtimeError:
                 raise
             except Exception as exc:
-                raise RealtimeError(f"cannot open a Realtime session: {_describe(exc)}") from exc
+                status, said = _handshake_refusal(exc)
+                error = RealtimeError(
+                    f"cannot open a Realtime session: {_describe(exc)}{said}",
+                    lasting=status in _LASTING_STATUS,
+                )
+                if error.lasting:
+                    self._refused = error
+                raise error from exc
 
     async def _connect(self) -> None:
         from openai import AsyncOpenAI  # the SDK's import is paid by the brain at load
@@ -203,14 +252,45 @@ class RealtimeSocket:
         manager = self._client.realtime.connect(model=settings.model)
         self._connection = await manager.enter()
         self.opened += 1
+        self._opened_at = self._clock()
         self._items = set()
-        await self._send({"type": "session.update", "session": self._session_config()})
+        self._ending = False
+        try:
+            await self._send({"type": "session.update", "session": self._session_config()})
+        except RealtimeError:
+            # Closed by the service already: the error it sent first says why, if it did.
+            await self._confirmed(self._connection)
+            raise
+        await self._confirmed(self._connection)
         restored = self._restore()
         for item in restored:
             await self._add(item)
         if restored:
             log.info("Realtime session opened, %d items of the call restored", len(restored))
         self._reader = asyncio.get_running_loop().create_task(self._read(self._connection))
+
+    async def _confirmed(self, connection: Any) -> None:
+        """Wait for the service to take the session's settings (`session.updated`): a wrong
+        model, voice or format is its error here, at open, not a silent socket later."""
+        while True:
+            try:
+                event = await connection.recv()
+            except Exception as exc:
+                raise RealtimeError(
+                    f"the Realtime session closed as it opened: {_describe(exc)}"
+                ) from exc
+            kind = getattr(event, "type", "")
+            if kind == "session.updated":
+                return
+            if kind == "error":
+                code, text = _error_text(event)
+                error = RealtimeError(
+                    f"the Realtime service refused the session: {text}",
+                    lasting=code in _LASTING_CODES,
+                )
+                if error.lasting:
+                    self._refused = error
+                raise error
 
     def _session_config(self) -> dict[str, Any]:
         settings = self.settings
@@ -383,11 +463,13 @@ class RealtimeSocket:
         kind = getattr(event, "type", "")
         response = self._response
         if kind == "error":
-            error = getattr(event, "error", None)
-            message = getattr(error, "message", None) or "unknown error"
-            code = getattr(error, "code", None)
-            text = f"{code}: {message}" if code else str(message)
-            caused_by = getattr(error, "event_id", None)
+            code, text = _error_text(event)
+            caused_by = getattr(getattr(event, "error", None), "event_id", None)
+            if code in _LASTING_CODES:
+                # The service closes the socket after it: the next use must not reopen.
+                self._refused = RealtimeError(f"the Realtime service refused: {text}", lasting=True)
+            if code in _LASTING_CODES or code in _ENDING_CODES:
+                self._ending = True
             # Every event sent here carries an id: an error naming another one is about that
             # event (a truncate of an item gone), one naming none is the session's own.
             if response is not None and caused_by in (None, response.event_id):
@@ -423,6 +505,30 @@ class RealtimeSocket:
             detail = getattr(error, "message", None) or reason
             self._response = None
             response.outputs.put_nowait(ResponseEnd(str(status), detail))
+
+
+def _error_text(event: Any) -> tuple[str | None, str]:
+    """An error event's code and its text for the log and the audit."""
+    error = getattr(event, "error", None)
+    message = getattr(error, "message", None) or "unknown error"
+    code = getattr(error, "code", None)
+    return code, f"{code}: {message}" if code else str(message)
+
+
+def _handshake_refusal(exc: BaseException) -> tuple[int | None, str]:
+    """The HTTP status a WebSocket handshake was refused with (websockets' InvalidStatus), and
+    the service's own message from the body (OpenAI's `{"error": {"message": ...}}`), if that
+    is what `exc` is."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if not isinstance(status, int):
+        return None, ""
+    body = getattr(response, "body", b"") or b""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace").strip()[:200] if isinstance(body, bytes) else ""
+    return status, f" ({message})" if message else ""
 
 
 def _describe(exc: BaseException) -> str:
