@@ -134,6 +134,22 @@ async def test_an_error_answering_the_request_ends_the_response_failed(
     assert got == [ResponseEnd("failed", "server_error: The server had an error")]
 
 
+async def test_malformed_events_are_skipped_and_the_reply_still_comes(
+    model: RealtimeStandIn,
+) -> None:
+    errors: list[str] = []
+    socket = RealtimeSocket(RealtimeSettings(base_url=model.base_url), PCMU, on_error=errors.append)
+    await socket.open("", [])
+    broken = ("not json {", json.dumps({"type": "response.output_audio.delta", "item_id": "x"}))
+    model.script(ModelReply(text="Still here.", raw_before=broken))
+    got = await outputs(socket)
+    await socket.close()
+    assert "".join(o.text for o in got if isinstance(o, TranscriptOut)) == "Still here."
+    assert got[-1] == ResponseEnd("completed", None)
+    assert len(errors) == 2 and all("malformed event skipped" in e for e in errors)
+    assert "not json {" in errors[0] and socket.opened == 1
+
+
 async def test_a_dropped_socket_is_reopened_with_the_history_restored(
     model: RealtimeStandIn,
 ) -> None:

@@ -79,6 +79,8 @@ class ModelReply:
     delay_s: float = 0.0  # before the first event after response.created
     error: str | None = None  # answer with this error event instead
     drop_socket: bool = False  # close the WebSocket instead of answering
+    # Messages sent as they are after response.created, before the reply: a broken endpoint.
+    raw_before: Sequence[str] = ()
 
 
 @dataclass
@@ -418,6 +420,8 @@ class RealtimeStandIn:
             await self._error(conn, event, "server_error", reply.error)
             return
         await self._send(conn, {"type": "response.created", "response": response})
+        for text in reply.raw_before:
+            await conn.ws.send_str(text)
         fmt = (
             conn.session.get("audio", {})
             .get("output", {})

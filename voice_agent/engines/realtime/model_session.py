@@ -449,13 +449,27 @@ class RealtimeSocket:
             raise RealtimeError(f"the model's socket failed: {_describe(exc)}") from exc
 
     async def _read(self, connection: Any) -> None:
-        try:
-            async for event in connection:
-                self._dispatch(event)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("Realtime session lost: %s", _describe(exc))
+        from websockets.exceptions import ConnectionClosedOK
+
+        while True:
+            try:
+                data = await connection.recv_bytes()
+            except asyncio.CancelledError:
+                raise
+            except ConnectionClosedOK:
+                break
+            except Exception as exc:
+                log.warning("Realtime session lost: %s", _describe(exc))
+                break
+            # One event the endpoint got wrong (not JSON, a field missing) is skipped: the
+            # session and the call go on.
+            try:
+                self._dispatch(connection.parse_event(data))
+            except Exception as exc:
+                text = f"a malformed event skipped ({_describe(exc)}): {data[:120]!r}"
+                log.warning("Realtime session: %s", text)
+                if self._on_error is not None:
+                    self._on_error(text)
         self._end_response("failed", "the session's socket closed")
         self._idle.set()
 
