@@ -9,6 +9,7 @@ and the conversation the stand-in holds, which must hold only what the caller he
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -295,3 +296,50 @@ async def test_a_sip_caller_books_and_hears_the_models_own_voice(
     )
     (said,) = await words_in(recorded(phone.heard()))
     assert "christmas" in said, said  # only the model says it, over RTP in its own voice
+
+
+async def test_a_sip_caller_cuts_the_model_off_and_the_model_keeps_what_went_out(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, model: RealtimeStandIn
+) -> None:
+    """Barge-in over SIP: baresip talks over the model's long answer; the server's RTP clock
+    says how much of it the caller heard, and the model's item is truncated there: its words
+    are the committed words, within one."""
+    long_answer = (
+        "We have tables at seven, at half past seven and at eight, and on the terrace "
+        "there is room until ten if the weather holds."
+    )
+    model.script(ModelReply(text=long_answer), ModelReply(text="Of course, for how many?"))
+    config = realtime_config(tmp_path_factory.mktemp("sipcut"), model)
+    async for server in serving(config, sip=True):
+        assert server.sip is not None
+        line = write_line(tmp_path / "book.wav", ulaw_decode(ulaw("joe_book1")))
+        phone = Baresip(tmp_path)
+        await phone.start()
+        try:
+            known = set(server.pipelines)
+            await phone.dial(f"sip:concierge@127.0.0.1:{server.sip.port}")
+            pipeline = await new_pipeline(server, known)
+            events = CallAudit(pipeline)
+            await events.until("agent_utterance")  # the first message, played out
+            await phone.say(line)
+            await events.until("turn_metrics")  # the model's first audio is out
+            await asyncio.sleep(2.5)  # the caller listens for a while, then talks over it
+            await phone.say(line)
+            cut = await events.until("agent_utterance")
+            await events.until("agent_utterance")  # the answer to what the caller said
+            await phone.hang_up()
+            await pipeline.finished.wait()
+        finally:
+            await phone.close()
+        call = await record(server, pipeline.session.call_id)
+    # Cut while still streaming (the model sends faster than real time, not all at once).
+    assert cut.data["interrupted"] and long_answer.startswith(cut.data["generated"])
+    words = (cut.data["committed"] or "").split()
+    assert 0 < len(words) < len(long_answer.split())
+    assert words == long_answer.split()[: len(words)]
+    assert messages(call, "assistant")[1] == cut.data["committed"]
+    answer = next(i for i in items(model, "message", "assistant") if i["id"] in model.audio)
+    truncate = model.of_type("conversation.item.truncate")[-1]
+    assert truncate["item_id"] == answer["id"]
+    assert abs(len(model.heard_words(answer)) - len(words)) <= 1
+    assert model.errors == []
