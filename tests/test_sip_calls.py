@@ -503,3 +503,52 @@ async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
     assert committed in [m for m in messages(call, "assistant") if m]
     for expected in ("thanks for calling bella vista", "open every day", "what name", "goodbye"):
         assert expected in said, said
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def as_shipped(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
+    """The default agent hearing with Whisper tiny.en, as shipped, and speaking with Piper's joe
+    voice so that what baresip recorded of it can be transcribed."""
+    config = default_config_with(
+        tmp_path_factory.mktemp("sip-whisper"),
+        voice={"stt": {"provider": "whisper", "model": "tiny.en"}, "tts": {"provider": "piper"}},
+    )
+    async for voice_server in serving(config, sip=True):
+        yield voice_server
+
+
+@pytest.mark.parametrize("word", ["uh-huh", "yeah"])
+async def test_a_backchannel_over_the_greeting_leaves_it_heard_whole_once(
+    as_shipped: VoiceServer, tmp_path: Path, word: str
+) -> None:
+    """Over SIP, where the server holds the agent's audio: a drawn-out "uh-huh" (0.6 to 1.3 s)
+    while the agent greets pauses it and it goes on from where it stopped; baresip's recording
+    has the greeting once, nothing of it said twice, and only the greeting is committed."""
+    server = as_shipped
+    phone = Baresip(tmp_path)
+    backchannel = ulaw_decode((AUDIO / f"joe_bclong-{word}.ulaw").read_bytes())
+    line = write_line(tmp_path / "backchannel.wav", backchannel)
+    await phone.start()
+    try:
+        known = set(server.pipelines)
+        await phone.dial(f"sip:booking@{target(server)}")
+        pipeline = await new_pipeline(server, known)
+        audit_events = CallAudit(pipeline)
+        # The greeting (about six seconds) starts as the call does: the caller listens to a
+        # little of it, then says "uh-huh".
+        await asyncio.sleep(2.0)
+        await phone.say(line)
+        greeting = await audit_events.until("agent_utterance")
+        await phone.hang_up()
+        await asyncio.wait_for(pipeline.finished.wait(), 15)
+    finally:
+        await phone.close()
+    call = await last_call(server)
+    assert greeting.data["committed"] == greeting.data["generated"], greeting.data
+    assert messages(call, "assistant") == [greeting.data["generated"]]
+    assert messages(call, "user") == []
+    dropped = [e["reason"] for e in audit(call, "user_utterance_dropped")]
+    assert dropped == ["backchannel"] or dropped == ["noise"], dropped
+    assert len(audit(call, "false_interruption")) == 1
+    (said,) = await words_in(recorded(phone.heard()))
+    assert said.count("bella vista") == 1 and said.count("what would you like") == 1, said
