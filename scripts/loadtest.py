@@ -2,6 +2,7 @@
 """Load test: N concurrent Twilio-like callers hold real conversations with the voice server.
 
     .venv/bin/python scripts/loadtest.py --calls 20,50,100 --mode hosted   # starts what it needs
+    .venv/bin/python scripts/loadtest.py --calls 20,50,100 --mode realtime # speech-to-speech
     .venv/bin/python scripts/loadtest.py --calls 5 --mode embedded
     .venv/bin/python scripts/loadtest.py --url ws://127.0.0.1:8765 --calls 10   # a running server
 
@@ -19,8 +20,8 @@ the levels run one after the other. One unmeasured call warms the server up firs
 Measured per level:
 - per turn, caller speech end -> first agent audio received (client side), and the server's
   own breakdown from GET /calls/{id} (`turns`): end of turn, STT, agent, TTS, send; in hosted
-  mode the server-added latency both ways: caller side, and at the server (its end of turn ->
-  first audio sent, which leaves this script's own lateness out);
+  and realtime modes the server-added latency both ways: caller side, and at the server (its
+  end of turn -> first audio sent, which leaves this script's own lateness out);
 - per barge-in, caller speech start -> `clear` received (min_interruption_ms is part of it),
   and how much agent audio the caller still heard over its own speech after the clear;
 - late frames: agent audio that arrived more than 40 ms after the audio before it, in the same
@@ -35,9 +36,18 @@ Measured per level:
 to scripts/standin_engines.py, started here too, which answers with the fixtures' transcripts
 and speech-like audio after fixed delays: the latency beyond those delays is the server's own.
 The default agent is a flow and needs no LLM; with `--agent concierge` the LLM goes to the
-stand-in too. `--mode embedded`: the config's own engines (pocketsphinx, eSpeak NG). With
-`--url` the running server's config decides; /proc figures then need it on this machine (its
-pid comes from /healthz, or `--server-pid`).
+stand-in too.
+
+`--mode realtime`: the same engines stand-in does the STT (the server's own turn-taking needs
+it) and the first message's TTS, and the concierge (or `--agent`) is made a speech-to-speech
+agent (`llm.provider: openai_realtime`) talking to scripts/standin_realtime.py, also started
+here: the tests' Realtime stand-in, which answers every turn with `--model-reply` after
+`--model-delay-ms` (default 0), its audio at `--model-speed` times real time. The latency beyond
+the STT stand-in's delay and the model's is the server's own.
+
+`--mode embedded`: the config's own engines (pocketsphinx, eSpeak NG). With `--url` the
+running server's config decides; /proc figures then need it on this machine (its pid comes from
+/healthz, or `--server-pid`).
 
 Results: a JSON file and a PNG plot (latency percentiles and CPU against concurrent calls;
 needs matplotlib) in loadtest-results/, or where `--out` says.
@@ -83,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--url", help="ws://HOST:PORT of a running server (default: start one)")
     parser.add_argument("--token", help="API token of a server that requires one")
     parser.add_argument("--server-pid", type=int, help="pid to sample with --url")
-    parser.add_argument("--mode", choices=("embedded", "hosted"), default="embedded")
+    parser.add_argument("--mode", choices=("embedded", "hosted", "realtime"), default="embedded")
     parser.add_argument(
         "--workers", type=int, default=1, help="server worker processes (voice-agent serve)"
     )
@@ -115,6 +125,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tts-speed", type=float, default=4.0, help="hosted TTS, times real time (0: unpaced)"
     )
     parser.add_argument("--llm-delay-ms", type=float, default=300.0, help="hosted mode")
+    parser.add_argument(
+        "--model-delay-ms",
+        type=float,
+        default=0.0,
+        help="realtime mode: the model's response.created -> its reply",
+    )
+    parser.add_argument(
+        "--model-speed", type=float, default=4.0, help="realtime mode: its audio, times real time"
+    )
+    parser.add_argument(
+        "--model-reply",
+        help="realtime mode: what the model says to every turn (default: the stand-in's, a "
+        "sentence as long as the flow's lines)",
+    )
     parser.add_argument("--sample-interval", type=float, default=1.0)
     parser.add_argument("--settle", type=float, default=3.0, help="seconds between levels")
     parser.add_argument(

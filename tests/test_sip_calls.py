@@ -4,7 +4,9 @@
 The agent is the default one hearing with pocketsphinx's domain model, as in
 tests/test_voice_e2e.py, so a caller's scripted line comes back word for word. sipp plays the
 caller's audio from captures: its own (A-law speech, RFC 4733 digits) and ones written here
-from the project's fixtures.
+from the project's fixtures. baresip is the caller where the test reacts to the call as it
+goes (a booking talked through, a backchannel over the greeting heard by Whisper as the
+default agent ships it) and its recording of the agent is transcribed.
 """
 
 from __future__ import annotations

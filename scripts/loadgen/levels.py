@@ -234,6 +234,10 @@ class Level:
                     "agent": summary(stage("first_token_ms", "user_turn_ms")),
                     "tts": summary(stage("first_tts_audio_ms", "first_token_ms")),
                     "send": summary(stage("first_audio_sent_ms", "first_tts_audio_ms")),
+                    # The turn taken -> the reply's first audio at the server: the agent and
+                    # TTS together, or a speech-to-speech model's first audio (its turns have
+                    # no first token of their own).
+                    "reply_audio": summary(stage("first_tts_audio_ms", "user_turn_ms")),
                 },
                 "barge_in_clear_sent_ms": summary(
                     [v for r in self.results for v in r.server_barge_ins_ms]
@@ -259,6 +263,8 @@ class Level:
                     "server_loop_lag_ms",
                     "server_loop_lag_max_ms",
                     "standin_cpu_pct",
+                    "model_cpu_pct",
+                    "model_rss_mb",
                     "loadgen_cpu_pct",
                     "loadgen_cpu_wait_pct",
                     "loadgen_rss_mb",

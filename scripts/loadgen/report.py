@@ -61,6 +61,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         ("server_cpu_pct", "server mean", "o-"),
         ("loadgen_cpu_pct", "load generator mean", "s--"),
         ("standin_cpu_pct", "stand-in mean", "^:"),
+        ("model_cpu_pct", "Realtime stand-in mean", "v:"),
         ("machine_cpu_pct", "whole machine mean", "kx-"),
     ):
         xs, ys = points("resources", key, "mean")
@@ -164,7 +165,12 @@ def report(level: dict[str, Any]) -> str:
         f"{fmt(res['loadgen_cpu_wait_pct']['mean'])}%), loop lag max "
         f"{fmt(res['loadgen_loop_lag_ms']['max'])} ms, frames sent late p99 "
         f"{fmt(sending['p99_mean'])} max {fmt(sending['max'])} ms | stand-in "
-        f"{fmt(res['standin_cpu_pct']['mean'])}% | whole machine "
-        f"{fmt(res['machine_cpu_pct']['mean'])}%"
+        f"{fmt(res['standin_cpu_pct']['mean'])}%"
+        + (
+            f" | Realtime stand-in {fmt(res['model_cpu_pct']['mean'])}%"
+            if (res.get("model_cpu_pct") or {}).get("n")
+            else ""
+        )
+        + f" | whole machine {fmt(res['machine_cpu_pct']['mean'])}%"
     )
     return "\n".join(lines)

@@ -1,5 +1,6 @@
-"""The run: `Run` starts what the levels call (the stand-in engines and the server, with a copy
-of the config pointed at them, a booking seeded for change and cancel calls) or connects to a
+"""The run: `Run` starts what the levels call (the stand-in engines, in realtime mode the
+Realtime stand-in too, and the server, with a copy of the config pointed at them, a booking
+seeded for change and cancel calls) or connects to a
 running server, warms it up, settles it between levels and prints progress; `main_async` runs
 the levels one after the other and writes the result JSON and plot. `server_config`,
 `seed_booking` and `free_port` prepare the server it starts."""
@@ -42,6 +43,10 @@ from .sampling import MachineWatch, ProcWatch
 from .stats import fmt, percentile
 
 GENERATOR_NICE = 10  # after starting the server and the stand-in, which keep nice 0
+REALTIME_AGENT = (
+    "concierge"  # config/agents.yaml's playbook, made speech-to-speech in realtime mode
+)
+STAND_IN_MODES = ("hosted", "realtime")  # modes whose engines are the stand-ins, their delays known
 
 
 def _visible(pid: int) -> bool:
@@ -74,10 +79,15 @@ def server_config(
     standin_url: str | None,
     data_dir: Path,
     max_calls: int | None = None,
+    model_url: str | None = None,
+    realtime_agent: str = REALTIME_AGENT,
 ) -> dict[str, Any]:
     """The config the script's server runs: `source` with its paths made absolute (the copy
     lives elsewhere), call records in `data_dir`, in hosted mode every engine and LLM pointed
-    at the stand-in, and `max_calls` (admission control) when given."""
+    at the stand-in, and `max_calls` (admission control) when given. In realtime mode the same,
+    and `realtime_agent` is the default agent, a speech-to-speech one talking to the Realtime
+    stand-in at `model_url`: the engines stand-in still does its STT (the server's own turn
+    taking needs it) and the TTS of its first message."""
     config: dict[str, Any] = yaml.safe_load(source.read_text())
     base = source.parent
     for agent in config.get("agents", {}).values():
@@ -87,13 +97,26 @@ def server_config(
         for tool in (agent.get("tools") or {}).values():
             if tool.get("openapi"):
                 tool["openapi"] = _absolute(tool["openapi"], base)
-        if mode == "hosted":
+        if mode in STAND_IN_MODES:
             assert standin_url is not None
             # An agent's own engines would bypass the stand-in.
             agent.pop("stt", None)
             agent.pop("tts", None)
             agent["llm"] = {**(agent.get("llm") or {}), "base_url": standin_url, "api_key": "x"}
-    if mode == "hosted":
+    if mode == "realtime":
+        assert model_url is not None
+        agents = config.get("agents", {})
+        if realtime_agent not in agents:
+            raise SystemExit(f"loadtest: --mode realtime needs an agent {realtime_agent!r}")
+        # As tests/test_realtime_calls.py makes its speech-to-speech concierge.
+        agents[realtime_agent]["llm"] = {
+            "provider": "openai_realtime",
+            "base_url": model_url,
+            "api_key": "loadtest",
+            "voice": "marin",
+        }
+        config["default_agent"] = realtime_agent
+    if mode in STAND_IN_MODES:
         voice = config.setdefault("voice", {})
         voice["stt"] = {
             "provider": "openai",
@@ -164,6 +187,9 @@ class Run:
         self.server_watch: ProcWatch | None = None
         self.standin_watch: ProcWatch | None = None
         self.standin_url: str | None = None
+        self.model: subprocess.Popen[bytes] | None = None  # the Realtime stand-in
+        self.model_watch: ProcWatch | None = None
+        self.model_url: str | None = None
         self.self_watch = ProcWatch(os.getpid(), tree=False)
         self.machine = MachineWatch()
         self.tmp = Path(tempfile.mkdtemp(prefix="loadtest-"))
@@ -176,6 +202,7 @@ class Run:
         self._last_progress = 0.0
         self.server_log = out.with_suffix(".server.log")
         self.standin_log = out.with_suffix(".standin.log")
+        self.model_log = out.with_suffix(".model.log")
 
     def next_number(self) -> int:
         self._numbers += 1
@@ -193,6 +220,8 @@ class Run:
             watches["server"] = self.server_watch
         if self.standin_watch is not None:
             watches["standin"] = self.standin_watch
+        if self.model_watch is not None:
+            watches["model"] = self.model_watch
         return watches
 
     async def health(self) -> dict[str, Any]:
@@ -208,11 +237,11 @@ class Run:
         the stand-in to take: end-of-turn silence, the STT delay beyond it, the LLM's
         first-token delay (LLM agents) and TTS first byte (the server sends a sentence's
         audio as it streams in, so the stand-in's first chunk is the caller's first audio).
-        Hosted mode only, where those are known. What stays in besides the server's own
-        work: how far the server's estimate of the end of speech is from the caller's last
-        frame above -45 dBFS (0-60 ms on the fixtures) and, for LLM agents, the stand-in's
-        20 ms a word until the first sentence is complete."""
-        if self.mode != "hosted" or turn.latency_ms is None:
+        Hosted and realtime modes only, where those are known. What stays in besides the
+        server's own work: how far the server's estimate of the end of speech is from the
+        caller's last frame above -45 dBFS (0-60 ms on the fixtures) and, for LLM agents, the
+        stand-in's 20 ms a word until the first sentence is complete."""
+        if self.mode not in STAND_IN_MODES or turn.latency_ms is None:
             return None
         return turn.latency_ms - self.eot_ms - self._engine_ms(self.eot_ms)
 
@@ -223,10 +252,16 @@ class Run:
         STT delay beyond that silence is waited for after the turn ends: none, with the
         stand-in's 150 ms and a 600 ms silence. A turn whose speculation was wasted (the caller
         went on after the pause) waits for a second request, which then counts as the
-        server's."""
+        server's.
+
+        In realtime mode the model voices its reply: its delay to the first item is all the
+        stand-in takes after the transcript (the agent's TTS speaks only the first message)."""
         args = self.args
+        stt = max(0.0, args.stt_delay_ms - silence_ms)
+        if self.mode == "realtime":
+            return stt + args.model_delay_ms
         llm = args.llm_delay_ms if self.uses_llm else 0.0
-        return max(0.0, args.stt_delay_ms - silence_ms) + llm + args.tts_delay_ms
+        return stt + llm + args.tts_delay_ms
 
     def server_added_at_server_ms(self, metrics: dict[str, Any]) -> float | None:
         """The issue's own definition on the server's clock: first agent audio sent, from the
@@ -236,8 +271,9 @@ class Run:
         Unlike `server_added_ms` it leaves out how late this script sent the caller's frames
         and noticed the agent's: on a machine it shares with the server, most of the
         difference at high load. The frames' own lateness shows in the `end_of_turn` stage
-        (speech end -> end of turn beyond the configured silence). Hosted mode only."""
-        if self.mode != "hosted":
+        (speech end -> end of turn beyond the configured silence). Hosted and realtime modes
+        only."""
+        if self.mode not in STAND_IN_MODES:
             return None
         sent = metrics.get("first_audio_sent_ms")
         turn_end = metrics.get("end_of_turn_ms")
@@ -277,7 +313,9 @@ class Run:
             else:
                 print("loadtest: server process not visible here: no CPU/RSS/fd figures")
             return
-        standin_url = await self._start_standin() if args.mode == "hosted" else None
+        standin_url = await self._start_standin() if args.mode in STAND_IN_MODES else None
+        if args.mode == "realtime":
+            self.model_url = await self._start_model()
         config_path, data_dir = self._prepare(standin_url)
         port = free_port()
         executable = ROOT / ".venv" / "bin" / "voice-agent"
@@ -324,7 +362,15 @@ class Run:
         data_dir = self.tmp / "data"
         data_dir.mkdir()
         source = Path(args.config).resolve()
-        config = server_config(source, args.mode, standin_url, data_dir, args.max_calls)
+        config = server_config(
+            source,
+            args.mode,
+            standin_url,
+            data_dir,
+            args.max_calls,
+            self.model_url,
+            args.agent or REALTIME_AGENT,
+        )
         config_path = self.tmp / "agents.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         loaded = load_config(config_path)  # fails here, naming the file and key, if invalid
@@ -344,8 +390,8 @@ class Run:
         args = self.args
         if importlib.util.find_spec("aiohttp") is None:
             raise SystemExit(
-                "loadtest: --mode hosted runs scripts/standin_engines.py, which needs aiohttp: "
-                ".venv/bin/pip install -e '.[dev]'"
+                f"loadtest: --mode {args.mode} runs scripts/standin_engines.py, which needs "
+                "aiohttp: .venv/bin/pip install -e '.[dev]'"
             )
         command = [
             sys.executable,
@@ -361,26 +407,53 @@ class Run:
             "--llm-delay-ms",
             str(args.llm_delay_ms),
         ]
-        log = self.standin_log.open("wb")
-        self.standin = subprocess.Popen(  # noqa: ASYNC220 - once, before anything is measured
+        self.standin, self.standin_url = await self._spawn(command, self.standin_log)
+        self.standin_watch = ProcWatch(self.standin.pid)
+        return self.standin_url
+
+    async def _start_model(self) -> str:
+        """scripts/standin_realtime.py: the speech-to-speech model, answering every turn with
+        the same sentence after --model-delay-ms."""
+        args = self.args
+        command = [
+            sys.executable,
+            str(ROOT / "scripts" / "standin_realtime.py"),
+            "--delay-ms",
+            str(args.model_delay_ms),
+            "--speed",
+            str(args.model_speed),
+        ]
+        if args.model_reply:
+            command += ["--reply", args.model_reply]
+        self.model, url = await self._spawn(command, self.model_log)
+        self.model_watch = ProcWatch(self.model.pid)
+        return url
+
+    async def _spawn(
+        self, command: list[str], log_path: Path
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """A stand-in process on the generator's CPUs, and the URL its first line names."""
+        log = log_path.open("wb")
+        process = subprocess.Popen(  # noqa: ASYNC220 - once, before anything is measured
             command, stdout=subprocess.PIPE, stderr=log, preexec_fn=_pinned(self.client_cpus)
         )
-        assert self.standin.stdout is not None
+        assert process.stdout is not None
         try:
             async with asyncio.timeout(60):
-                line = await asyncio.to_thread(self.standin.stdout.readline)
+                line = await asyncio.to_thread(process.stdout.readline)
         except TimeoutError:
             line = b""
         text = line.decode(errors="replace").strip()
         if not text.startswith("standin listening on "):
-            tail = self.standin_log.read_text(errors="replace")[-2000:]
-            raise SystemExit(f"loadtest: the stand-in did not start: {text!r}\n{tail}")
-        self.standin_watch = ProcWatch(self.standin.pid)
-        self.standin_url = text.removeprefix("standin listening on ")
-        return self.standin_url
+            if process.poll() is None:
+                process.kill()
+            tail = (await asyncio.to_thread(log_path.read_text, errors="replace"))[-2000:]
+            name = Path(command[1]).name
+            raise SystemExit(f"loadtest: {name} did not start: {text!r}\n{tail}")
+        return process, text.removeprefix("standin listening on ")
 
     async def stop(self) -> None:
-        for process in (self.server, self.standin):
+        for process in (self.server, self.standin, self.model):
             if process is not None and process.poll() is None:
                 process.terminate()
                 try:
@@ -500,6 +573,9 @@ async def main_async(args: argparse.Namespace) -> int:
                 "tts_delay_ms",
                 "tts_speed",
                 "llm_delay_ms",
+                "model_delay_ms",
+                "model_speed",
+                "model_reply",
             )
         },
         "levels": [],
