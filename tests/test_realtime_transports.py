@@ -15,7 +15,6 @@ import base64
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol, Self
 
 import numpy as np
@@ -42,7 +41,7 @@ ROOT = Path(__file__).parent.parent
 AUDIO = ROOT / "tests" / "fixtures" / "audio"
 GREETING = "Hello, thanks for calling Bella Vista! How can I help?"
 LINE = "joe_change1"  # "hi i need to change my booking"
-REPLY = "Of course, I can move your table to another evening for you."
+REPLY = "Of course, which evening?"
 MODEL_FORMATS = {f.name: f for f in (PCM24, PCMU, PCMA)}
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -68,6 +67,7 @@ def model_audio(fmt: AudioFormat, data: bytes) -> tuple[float, float]:
 
 
 def line_span_ms() -> float:
+    """The speech span of the caller's recorded line, as the fixture holds it."""
     pcm, rate = read_wav(AUDIO / f"{LINE}.wav")
     return speech_span_ms(pcm, rate)
 
@@ -84,9 +84,7 @@ class Line(Protocol):
 
     async def __aenter__(self) -> Self: ...
 
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None: ...
+    async def __aexit__(self, *exc: object) -> None: ...
 
     async def say(self, name: str) -> None: ...
 
@@ -309,9 +307,9 @@ async def test_a_speech_to_speech_call_over_the_transport(
     (said,) = [i for i in model.items if i["type"] == "message" and i["role"] == "user"]
     (part,) = said["content"]
     assert part["type"] == "input_audio"
-    length_ms, span_ms = model_audio(transport.model_format, base64.b64decode(part["audio"]))
-    assert abs(span_ms - line_span_ms()) <= 0.15 * line_span_ms(), (span_ms, line_span_ms())
-    assert length_ms >= span_ms
+    _, span_ms = model_audio(transport.model_format, base64.b64decode(part["audio"]))
+    line_ms = line_span_ms()
+    assert abs(span_ms - line_ms) <= 0.15 * line_ms, (span_ms, line_ms)
 
     # The model's answer reached the caller whole, once, at the right rate.
     (reply,) = [i for i in model.assistant_items() if i["id"] in model.audio]

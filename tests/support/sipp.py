@@ -35,9 +35,17 @@ class SippResult:
 
 
 def free_udp_port(address: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind((address, 0))
-        port: int = sock.getsockname()[1]
+    """A port free for UDP and for TCP too: sipp's `-t t1` binds its main socket's number over
+    TCP, and a test holding many TCP connections has ephemeral ports a UDP-only check misses."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind((address, 0))
+            port: int = sock.getsockname()[1]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as stream:
+            try:
+                stream.bind((address, port))
+            except OSError:
+                continue  # taken over TCP: another
         return port
 
 
