@@ -399,7 +399,7 @@ async def test_a_call_goes_on_while_its_ports_are_fuzzed(
             await asyncio.sleep(0.05)  # a condition wait: until the call's media is set up
     (live,) = gateway.calls.values()
     assert live.port is not None
-    cached_before = len(gateway.uas.responses)
+    cached_before = len(gateway.uas.responder.responses)
     probe, noise, stranger = _Probe(), _Probe(), _Probe("127.0.0.2")
     rng = random.Random(17)
     try:
@@ -447,7 +447,7 @@ async def test_a_call_goes_on_while_its_ports_are_fuzzed(
     assert all(c.state == "ended" for c in gateway.uas.calls.values())
     assert not [i for i in gateway.uas.calls if i.startswith("fuzz") or i == "no-such-call"]
     # The cached responses: one a readable non-INVITE request (OPTIONS, BYE, INFO) and sipp's BYE.
-    assert len(gateway.uas.responses) <= cached_before + 5
+    assert len(gateway.uas.responder.responses) <= cached_before + 5
 
 
 async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(

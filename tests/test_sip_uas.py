@@ -993,19 +993,19 @@ def test_a_flood_of_refused_invites_leaves_no_state() -> None:
         source = ("10.1.2.3", 5061) if n % 2 else ("198.51.100.9", 5061)
         assert statuses(uas.datagram(data, source, n)) == [488 if n % 2 else 403]
     assert uas.calls == {}
-    assert len(uas.responses) <= uas.responses.max_entries
-    assert len(uas.responses) == 0
+    assert len(uas.responder.responses) <= uas.responder.responses.max_entries
+    assert len(uas.responder.responses) == 0
     assert uas.next_deadline_ms() is None
 
 
 def test_a_flood_of_options_keeps_the_cache_bounded() -> None:
     """Section 17.2.2: the non-INVITE transactions' responses are kept, within a bound."""
     uas = make_uas()
-    for n in range(uas.responses.max_entries + 500):
+    for n in range(uas.responder.responses.max_entries + 500):
         uas.datagram(request("OPTIONS", call_id=f"o{n}", branch=f"z9hG4bKo{n}"), CALLER, 0)
-    assert len(uas.responses) == uas.responses.max_entries
+    assert len(uas.responder.responses) == uas.responder.responses.max_entries
     uas.tick(TIMEOUT_MS)
-    assert len(uas.responses) == 0
+    assert len(uas.responder.responses) == 0
 
 
 # ---- allowed sources ------------------------------------------------------------------------
@@ -1154,7 +1154,7 @@ def test_an_ended_call_is_forgotten_32_seconds_after_its_bye() -> None:
     assert drive(uas, 1000 + TIMEOUT_MS) == []
     assert uas.calls == {}
     assert uas.next_deadline_ms() is None
-    assert len(uas.responses) == 0
+    assert len(uas.responder.responses) == 0
 
 
 def test_a_call_we_hung_up_is_forgotten_after_its_bye_is_answered() -> None:

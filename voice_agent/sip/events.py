@@ -131,3 +131,18 @@ class Failed:
     status: int
     reason: str
     outcome: Outcome
+
+
+# What the user agent server (voice_agent.sip.uas) hands its I/O layer.
+ServerAction = (
+    Send
+    | IncomingCall
+    | CallConfirmed
+    | MediaChanged
+    | DtmfReceived
+    | CallEnded
+    | Refused
+    | TransferAccepted
+    | TransferProgress
+    | TransferFailed
+)

@@ -39,7 +39,6 @@ What is answered how:
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,12 +59,14 @@ from voice_agent.sip.events import (
     TransferFailed,
     TransferProgress,
 )
+from voice_agent.sip.events import (
+    ServerAction as Action,
+)
 from voice_agent.sip.guard import FailureLimiter, Network, source_allowed
 from voice_agent.sip.message import (
     SipMessage,
     SipParseError,
     build_response,
-    host_in_uri,
     name_addr_uri,
     parse_message,
     parse_via,
@@ -74,11 +75,11 @@ from voice_agent.sip.message import (
     sipfrag_status,
 )
 from voice_agent.sip.offer import BadOffer, MediaSecurity, negotiated_offer
+from voice_agent.sip.responder import Responder
 from voice_agent.sip.server_call import ServerCall
 from voice_agent.sip.transaction import (
     TIMEOUT_MS,
     Addr,
-    ResponseCache,
     Retransmission,
     TransactionKey,
     response_addr,
@@ -129,20 +130,6 @@ def read_datagram(data: bytes, source: Addr) -> SipMessage | Refused | None:
         return Refused(source, None, f"not a SIP message: {error}")
 
 
-Action = (
-    Send
-    | IncomingCall
-    | CallConfirmed
-    | MediaChanged
-    | DtmfReceived
-    | CallEnded
-    | Refused
-    | TransferAccepted
-    | TransferProgress
-    | TransferFailed
-)
-
-
 @dataclass
 class UserAgentServer:
     settings: UasSettings
@@ -154,9 +141,13 @@ class UserAgentServer:
     draining: bool = False
 
     def __post_init__(self) -> None:
-        self.responses = ResponseCache()
+        self.responder = Responder(
+            self.settings.host,
+            self.settings.port,
+            self.settings.stream_ports,
+            self.settings.user_agent,
+        )
         self.failures = FailureLimiter(self.settings.max_auth_failures_per_minute)
-        self._tag_key = secrets.token_bytes(16)
         self._branches: dict[str, str] = {}  # our BYE's branch: its call
 
     @property
@@ -171,7 +162,7 @@ class UserAgentServer:
 
     def tick(self, now_ms: float) -> list[Action]:
         actions: list[Action] = []
-        self.responses.prune(now_ms)
+        self.responder.responses.prune(now_ms)
         for call in list(self.calls.values()):
             if call.retransmit is not None:
                 if call.retransmit.due(now_ms):
@@ -227,13 +218,13 @@ class UserAgentServer:
                 if value is not None:
                     name_addr_uri(value)
         except SipParseError as error:
-            return self._bad_request(message, source, str(error))
+            return self.responder.bad_request(message, source, str(error))
         message = with_received(message, source)
         if message.method == "ACK":
             return self._ack(message, number, now_ms)
-        cached = self.responses.get(key, now_ms)
+        cached = self.responder.responses.get(key, now_ms)
         if cached is not None:
-            return [Send(cached, self._response_addr(message, source))]
+            return [Send(cached, response_addr(message, source))]
         method = message.method
         unsupported = (
             ", ".join(sorted(required_extensions(message) - SUPPORTED_EXTENSIONS))
@@ -242,7 +233,7 @@ class UserAgentServer:
         )
         if unsupported:
             # Section 8.2.2.3: every request but ACK and CANCEL.
-            return self._refuse(
+            return self.responder.refuse(
                 message,
                 source,
                 420,
@@ -256,7 +247,7 @@ class UserAgentServer:
         if method in ("BYE", "INFO", "NOTIFY"):
             return self._in_dialog(message, key, source, now_ms)
         if method == "OPTIONS" and self.draining:
-            return self._reply(
+            return self.responder.reply(
                 message,
                 source,
                 503,
@@ -265,7 +256,7 @@ class UserAgentServer:
                 headers=[("Retry-After", str(DRAIN_RETRY_AFTER_S)), ("Allow", ALLOW)],
             )
         if method == "OPTIONS":
-            return self._reply(
+            return self.responder.reply(
                 message,
                 source,
                 200,
@@ -274,10 +265,10 @@ class UserAgentServer:
                 headers=[("Allow", ALLOW), ("Accept", "application/sdp")],
             )
         if method in KNOWN_METHODS:
-            return self._refuse(
+            return self.responder.refuse(
                 message, source, 405, f"{method} is not taken here", headers=[("Allow", ALLOW)]
             )
-        return self._refuse(
+        return self.responder.refuse(
             message, source, 501, f"unknown method {method}", headers=[("Allow", ALLOW)]
         )
 
@@ -308,7 +299,7 @@ class UserAgentServer:
             call.invite,
             180,
             to_tag=call.local_tag,
-            headers=[*self._common(), ("Contact", self._contact(call.invite))],
+            headers=[*self.responder.common(), ("Contact", self.responder.contact(call.invite))],
         )
         return [Send(call.last_response, call.response_addr)]
 
@@ -352,12 +343,12 @@ class UserAgentServer:
         local = name_addr_uri(call.dialog.local_uri)
         data = call.dialog.request(
             "REFER",
-            via_host=self._local(call.dialog.transport),
+            via_host=self.responder.local(call.dialog.transport),
             branch=branch,
             headers=[
                 ("Refer-To", f"<{target}>"),
                 ("Referred-By", f"<{local}>"),
-                ("Contact", self._contact(call.invite)),
+                ("Contact", self.responder.contact(call.invite)),
                 ("User-Agent", self.settings.user_agent),
             ],
         )
@@ -378,19 +369,21 @@ class UserAgentServer:
         call = self.calls.get(invite.call_id)
         if invite.to_tag is not None:
             if call is None or call.dialog is None or not call.dialog.matches(invite):
-                return self._refuse(invite, source, 481, "re-INVITE for an unknown dialog")
+                return self.responder.refuse(invite, source, 481, "re-INVITE for an unknown dialog")
             return self._reinvite(call, invite, key, source, now_ms)
         if call is not None:
             if key == call.invite_key:
                 return [Send(call.last_response, call.response_addr)] if call.last_response else []
-            return self._refuse(invite, source, 482, "a second INVITE for a Call-ID in use")
+            return self.responder.refuse(
+                invite, source, 482, "a second INVITE for a Call-ID in use"
+            )
         host = source[0]
         if not source_allowed(host, self.settings.allowed_sources):
-            return self._refuse(invite, source, 403, f"source {host} is not allowed")
+            return self.responder.refuse(invite, source, 403, f"source {host} is not allowed")
         if self.failures.blocked(host, now_ms):
             return [Refused(source, None, f"{host} failed authentication too often")]
         if self.draining:
-            return self._refuse(
+            return self.responder.refuse(
                 invite,
                 source,
                 503,
@@ -407,7 +400,7 @@ class UserAgentServer:
                 presented = invite.get("authorization") or invite.get("proxy-authorization")
                 if presented is not None and not verdict.stale:
                     self.failures.failed(host, now_ms)
-                return self._refuse(
+                return self.responder.refuse(
                     invite,
                     source,
                     401,
@@ -420,25 +413,29 @@ class UserAgentServer:
             self.live_calls >= self.settings.max_calls
             or len(self.calls) >= 4 * self.settings.max_calls
         ):
-            return self._refuse(invite, source, 503, "at max_calls", headers=[("Retry-After", "5")])
+            return self.responder.refuse(
+                invite, source, 503, "at max_calls", headers=[("Retry-After", "5")]
+            )
         unusable = unusable_target(invite)
         if unusable is not None:
-            return self._refuse(invite, source, 400, unusable)
+            return self.responder.refuse(invite, source, 400, unusable)
         try:
             negotiated = negotiated_offer(invite, self.settings.media_security)
         except BadOffer as bad:
-            return self._refuse(invite, source, bad.status, bad.reason, headers=bad.headers)
+            return self.responder.refuse(
+                invite, source, bad.status, bad.reason, headers=bad.headers
+            )
         call = ServerCall(
             call_id=invite.call_id,
             invite=invite,
             invite_key=key,
             source=source,
-            response_addr=self._response_addr(invite, source),
+            response_addr=response_addr(invite, source),
             local_tag=self.make_id(),
             negotiated=negotiated,
         )
         self.calls[call.call_id] = call
-        call.last_response = build_response(invite, 100, headers=self._common())
+        call.last_response = build_response(invite, 100, headers=self.responder.common())
         return [
             Send(call.last_response, call.response_addr),
             IncomingCall(call.call_id, invite, source, negotiated, username),
@@ -452,15 +449,15 @@ class UserAgentServer:
             return [Send(call.reinvite_response, call.response_addr)]
         number, _ = invite.cseq
         if call.state == "ended":
-            return self._refuse(invite, source, 481, "re-INVITE for an ended call")
+            return self.responder.refuse(invite, source, 481, "re-INVITE for an ended call")
         if call.state != "confirmed" or (call.retransmit is not None and call.retransmit_2xx):
             # Section 14.2: a second INVITE before the first has its final response (500 with
             # Retry-After); taken here too until the last 2xx's ACK, one offer at a time.
-            return self._refuse(
+            return self.responder.refuse(
                 invite, source, 500, "an INVITE is still under way", headers=[("Retry-After", "1")]
             )
         if number <= call.dialog.remote_cseq:
-            return self._refuse(
+            return self.responder.refuse(
                 invite, source, 500, "CSeq lower than the dialog's", headers=[("Retry-After", "1")]
             )
         call.dialog.remote_cseq = number
@@ -470,7 +467,10 @@ class UserAgentServer:
         except BadOffer as bad:
             # Section 14.2: a refused re-INVITE leaves the session as it was.
             response = build_response(
-                invite, bad.status, to_tag=call.local_tag, headers=[*self._common(), *bad.headers]
+                invite,
+                bad.status,
+                to_tag=call.local_tag,
+                headers=[*self.responder.common(), *bad.headers],
             )
             call.reinvite_response = response
             # Retransmitted until its ACK (section 17.2.1), without ending the call if none.
@@ -486,7 +486,7 @@ class UserAgentServer:
             actions.append(MediaChanged(call.call_id, negotiated))
         body = self._session_body(call, invite)
         if body is None:
-            return self._refuse(invite, source, 488, "re-INVITE offer not acceptable")
+            return self.responder.refuse(invite, source, 488, "re-INVITE offer not acceptable")
         return self._send_2xx(call, invite, number, body, now_ms) + actions
 
     def _ack(self, ack: SipMessage, number: int, now_ms: float) -> list[Action]:
@@ -529,11 +529,15 @@ class UserAgentServer:
         invite_key = (*key[:-1], "INVITE")
         if call is not None and call.reinvite_key == invite_key:
             # A re-INVITE is answered at once: nothing left to cancel (section 9.2).
-            return self._reply(cancel, source, 200, key=key, now_ms=now_ms, to_tag=call.local_tag)
+            return self.responder.reply(
+                cancel, source, 200, key=key, now_ms=now_ms, to_tag=call.local_tag
+            )
         if call is None or call.invite_key != invite_key:
-            return self._refuse(cancel, source, 481, "CANCEL matches no INVITE")
+            return self.responder.refuse(cancel, source, 481, "CANCEL matches no INVITE")
         # Section 9.2: the CANCEL's response carries the To tag the INVITE's would.
-        actions = self._reply(cancel, source, 200, key=key, now_ms=now_ms, to_tag=call.local_tag)
+        actions = self.responder.reply(
+            cancel, source, 200, key=key, now_ms=now_ms, to_tag=call.local_tag
+        )
         if call.state == "offered":
             actions += self.reject(call.call_id, 487, now_ms, "caller cancelled before the answer")
         return actions
@@ -543,7 +547,7 @@ class UserAgentServer:
     ) -> list[Action]:
         call = self.calls.get(request.call_id)
         if call is None or call.dialog is None or not call.dialog.matches(request):
-            return self._refuse(
+            return self.responder.refuse(
                 request,
                 source,
                 481,
@@ -554,13 +558,13 @@ class UserAgentServer:
         number, _ = request.cseq
         if number < call.dialog.remote_cseq:
             # Section 12.2.2: out of order.
-            return self._refuse(
+            return self.responder.refuse(
                 request, source, 500, "CSeq lower than the dialog's", key=key, now_ms=now_ms
             )
         call.dialog.remote_cseq = number
         if request.method == "NOTIFY":
             return self._notify(call, request, key, source, now_ms)
-        actions = self._reply(request, source, 200, key=key, now_ms=now_ms)
+        actions = self.responder.reply(request, source, 200, key=key, now_ms=now_ms)
         if request.method == "BYE":
             if call.state == "offered":
                 # A BYE in the early dialog (section 15): the INVITE ends with 487.
@@ -585,10 +589,10 @@ class UserAgentServer:
     ) -> list[Action]:
         event = (request.get("event") or "").split(";", 1)[0].strip().lower()
         if not call.referred or event != "refer":
-            return self._refuse(
+            return self.responder.refuse(
                 request, source, 481, "no such subscription", key=key, now_ms=now_ms
             )
-        actions = self._reply(request, source, 200, key=key, now_ms=now_ms)
+        actions = self.responder.reply(request, source, 200, key=key, now_ms=now_ms)
         status, reason = sipfrag_status(request.body)
         state = (request.get("subscription-state") or "").split(";", 1)[0].strip().lower()
         if status is not None and call.state != "ended":
@@ -620,25 +624,6 @@ class UserAgentServer:
 
     # ---- building and sending ------------------------------------------------------------
 
-    def _common(self) -> list[tuple[str, str]]:
-        return [("Server", self.settings.user_agent)]
-
-    def _local(self, transport: str) -> str:
-        """Our host:port as peers reach it over `transport`, for Via and Contact."""
-        port = self.settings.stream_ports.get(transport, self.settings.port)
-        return f"{host_in_uri(self.settings.host)}:{port}"
-
-    def _contact(self, request: SipMessage) -> str:
-        """Our Contact for the dialog `request` makes: the transport it came over, and a SIPS
-        URI if its Request-URI was one (section 12.1.1)."""
-        transport = request.vias[0].transport
-        local = self._local(transport)
-        if (request.uri or "").lower().startswith("sips:"):
-            return f"<sips:{local}>"
-        if transport == "UDP":
-            return f"<sip:{local}>"
-        return f"<sip:{local};transport={transport.lower()}>"
-
     def _session_body(self, call: ServerCall, request: SipMessage) -> bytes | None:
         """The SDP of our 2xx: the answer to the request's offer, or our offer if it had none."""
         assert call.media_addr is not None
@@ -664,9 +649,9 @@ class UserAgentServer:
         self, call: ServerCall, request: SipMessage, number: int, body: bytes, now_ms: float
     ) -> list[Action]:
         headers = [
-            *self._common(),
+            *self.responder.common(),
             *(("Record-Route", route) for route in request.get_all("record-route")),
-            ("Contact", self._contact(request)),
+            ("Contact", self.responder.contact(request)),
             ("Allow", ALLOW),
             ("Content-Type", "application/sdp"),
         ]
@@ -681,7 +666,7 @@ class UserAgentServer:
         return [Send(response, call.response_addr)]
 
     def _final(self, call: ServerCall, status: int, reason: str) -> bytes:
-        headers = self._common()
+        headers = self.responder.common()
         if reason:
             headers = [*headers, ("Reason", f'SIP;cause={status};text="{quoted(reason)}"')]
         response = build_response(call.invite, status, to_tag=call.local_tag, headers=headers)
@@ -696,7 +681,7 @@ class UserAgentServer:
             branch = self.make_id()
             data = call.dialog.request(
                 "BYE",
-                via_host=self._local(call.dialog.transport),
+                via_host=self.responder.local(call.dialog.transport),
                 branch=branch,
                 headers=[("User-Agent", self.settings.user_agent)],
             )
@@ -725,58 +710,3 @@ class UserAgentServer:
         if call.bye_branch is not None:
             self._branches.pop(call.bye_branch, None)
             call.bye_branch = None
-
-    def _response_addr(self, request: SipMessage, source: Addr) -> Addr:
-        return response_addr(request, source)
-
-    def _stateless_tag(self, request: SipMessage) -> str:
-        # Section 8.2.7: the same request must get the same To tag.
-        top = request.get("via") or ""
-        seed = f"{request.get('call-id')}|{request.get('from')}|{top}".encode()
-        return hashlib.blake2s(seed, key=self._tag_key, digest_size=8).hexdigest()
-
-    def _reply(
-        self,
-        request: SipMessage,
-        source: Addr,
-        status: int,
-        *,
-        key: TransactionKey | None = None,
-        now_ms: float = 0.0,
-        to_tag: str | None = None,
-        headers: list[tuple[str, str]] | None = None,
-    ) -> list[Action]:
-        tag = to_tag or request.to_tag or self._stateless_tag(request)
-        response = build_response(
-            request, status, to_tag=tag, headers=[*self._common(), *(headers or [])]
-        )
-        if key is not None:
-            self.responses.put(key, response, now_ms)
-        return [Send(response, self._response_addr(request, source))]
-
-    def _refuse(
-        self,
-        request: SipMessage,
-        source: Addr,
-        status: int,
-        reason: str,
-        *,
-        headers: list[tuple[str, str]] | None = None,
-        key: TransactionKey | None = None,
-        now_ms: float = 0.0,
-    ) -> list[Action]:
-        extra = [*(headers or []), ("Warning", f'399 voice-agent "{quoted(reason)}"')]
-        actions = self._reply(request, source, status, headers=extra, key=key, now_ms=now_ms)
-        return [*actions, Refused(source, status, f"{request.method}: {reason}")]
-
-    def _bad_request(self, request: SipMessage, source: Addr, reason: str) -> list[Action]:
-        """400 when the response can be routed (a Via that reads); otherwise dropped."""
-        if request.method == "ACK":
-            return [Refused(source, None, f"ACK: {reason}")]
-        try:
-            if not request.get("via"):
-                raise SipParseError("no Via")
-            request.vias  # noqa: B018 - the response needs them readable
-            return self._refuse(request, source, 400, reason)
-        except SipParseError:
-            return [Refused(source, None, f"{request.method}: {reason}; no Via to answer to")]
