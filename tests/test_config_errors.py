@@ -569,6 +569,24 @@ CASES = [
         ),
     ),
     case(
+        "sip-session-expires-below-its-minimum",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  session_expires_s: 120\n  min_session_expires_s: 300\n"},
+            CONFIG,
+            "sip",
+            "session_expires_s 120 is below min_session_expires_s 300",
+        ),
+    ),
+    case(
+        "sip-min-session-expires-below-the-rfcs-floor",
+        Case(
+            {CONFIG: PLAYBOOK + "sip:\n  min_session_expires_s: 30\n"},
+            CONFIG,
+            "sip.min_session_expires_s",
+            "90",
+        ),
+    ),
+    case(
         "sip-allowed-source-not-a-network",
         Case(
             {CONFIG: PLAYBOOK + "sip:\n  allowed_sources: [10.0.0.0/33]\n"},

@@ -289,6 +289,22 @@ async def test_hold_and_resume_are_answered_in_the_dialog(
     assert answers == ["sendrecv", "recvonly", "sendrecv"]
 
 
+async def test_a_caller_asking_for_session_timers_is_told_the_minimum_then_refreshes(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """RFC 4028 as a trunk's SBC does it: 30 s is refused with 422 and Min-SE 90, the INVITE
+    asked again with 600 s is answered with it (refresher=uac, Require: timer: sipp checks),
+    the caller's UPDATE refresh gets 200 with the interval, and the call ends as the caller
+    hangs up, not as the timer would end it."""
+    xml = scenario("session_timer", tmp_path, interval="600", pause_ms="1000")
+    result = await run_sipp(target(server), tmp_path, scenario_file=xml)
+    assert result.ok, result.stderr + result.messages
+    statuses = [(m.status, m.cseq[1]) for m in received(result) if m.status != 100]
+    assert statuses == [(422, "INVITE"), (200, "INVITE"), (200, "UPDATE"), (200, "BYE")]
+    call = await last_call(server)
+    assert call["end_reason"] == "caller hung up"
+
+
 async def test_a_trunks_options_probe_is_answered(server: VoiceServer, tmp_path: Path) -> None:
     result = await run_sipp(target(server), tmp_path, scenario_file=scenario("options", tmp_path))
     assert result.ok, result.stderr + result.messages

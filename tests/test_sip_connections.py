@@ -22,7 +22,7 @@ import pytest_asyncio
 from tests.support.baresip import Baresip, write_line
 from tests.support.configs import QUICK_VOICE, default_config_with, serving
 from tests.support.live_calls import CallAudit, new_pipeline, recorded, words_in
-from tests.support.sipp import run_sipp
+from tests.support.sipp import run_sipp, scenario
 from tests.support.tls import CertificateAuthority, Issued
 from voice_agent.audio.g711 import ulaw_decode
 from voice_agent.gateways import sip_streams
@@ -133,6 +133,22 @@ async def test_sipps_stock_caller_over_tcp_is_answered_and_hangs_up(
     call = await last_call(server)
     assert call["end_reason"] == "caller hung up"
     assert call["transport"] == "sip"
+
+
+async def test_session_timers_over_tcp_a_422_then_a_refresh_on_the_connection(
+    server: VoiceServer, tmp_path: Path
+) -> None:
+    """tests/test_sip_calls.py's session-timer caller over `-t t1`: the 422, the second
+    INVITE, the UPDATE refresh and the BYE all on one connection, each 200 carrying the interval
+    with the caller as refresher (sipp's checks)."""
+    target = f"127.0.0.1:{port(server, 'TCP')}"
+    xml = scenario("session_timer", tmp_path, interval="600", pause_ms="500")
+    result = await run_sipp(target, tmp_path, scenario_file=xml, extra=["-t", "t1"])
+    assert result.ok, result.stderr + result.messages
+    assert "UDP message" not in result.messages
+    assert "SIP/2.0 422" in result.messages
+    call = await last_call(server)
+    assert call["end_reason"] == "caller hung up"
 
 
 async def test_baresip_calls_over_tls_and_hears_the_agent(

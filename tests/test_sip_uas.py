@@ -51,7 +51,7 @@ CALL_ID = "a84b4c76e66710@carrier.example"
 FROM_TAG = "1928301774"
 MEDIA_HOST = "127.0.0.1"
 MEDIA_PORT = 20000
-ALLOWED_METHODS = {"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "NOTIFY"}
+ALLOWED_METHODS = {"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "NOTIFY", "UPDATE"}
 
 A = TypeVar("A")
 
@@ -666,15 +666,27 @@ def test_an_unreadable_sdp_gets_400() -> None:
     assert not uas.calls
 
 
-def test_require_100rel_gets_420_with_unsupported() -> None:
+def test_require_precondition_gets_420_with_unsupported() -> None:
     """Section 8.2.2.3: an option tag in Require we do not support gets 420 listing it in
     Unsupported."""
     uas = make_uas()
-    actions = uas.datagram(invite(headers=[("Require", "100rel")]), CALLER, 0)
+    actions = uas.datagram(invite(headers=[("Require", "precondition, timer")]), CALLER, 0)
     response = one_sent(actions)
     assert response.status == 420
-    assert response.get("unsupported") == "100rel"
+    assert response.get("unsupported") == "precondition"
     assert not of_type(actions, IncomingCall)
+
+
+def test_require_100rel_is_taken_and_no_180_is_sent() -> None:
+    """RFC 3262: a caller that requires 100rel must get every provisional response but 100
+    reliably; the server sends none (no 180 while ringing), so the call goes through."""
+    uas = make_uas()
+    actions = uas.datagram(invite(headers=[("Require", "100rel")]), CALLER, 0)
+    assert statuses(actions) == [100]
+    (call,) = of_type(actions, IncomingCall)
+    assert uas.ringing(call.call_id) == []
+    ok = one_sent(uas.accept(call.call_id, MEDIA_HOST, MEDIA_PORT, 10))
+    assert ok.status == 200
 
 
 def test_a_second_invite_of_a_call_id_on_another_branch_gets_482() -> None:
@@ -1230,7 +1242,7 @@ def test_a_re_invite_older_than_an_info_gets_500() -> None:
 def test_require_we_lack_gets_420_on_every_request(method: str) -> None:
     uas = make_uas()
     tag = confirmed(uas)
-    require = [("Require", "100rel")]
+    require = [("Require", "precondition")]
     if method == "OPTIONS":
         data = request("OPTIONS", branch="z9hG4bKopt", call_id="o@x", headers=require)
     elif method == "INFO":

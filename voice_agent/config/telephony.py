@@ -135,6 +135,15 @@ class SipSettings(Strict):
         return self
 
     @model_validator(mode="after")
+    def _session_timer(self) -> SipSettings:
+        if 0 < self.session_expires_s < self.min_session_expires_s:
+            raise ValueError(
+                f"session_expires_s {self.session_expires_s} is below min_session_expires_s "
+                f"{self.min_session_expires_s} (0 turns it off)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tls_files(self) -> SipSettings:
         listens = sip_listeners(self.listen) if self.listen is not None else []
         if self.tls is None and any(item.transport == "tls" for item in listens):
@@ -176,6 +185,11 @@ class SipSettings(Strict):
     heard_delay_ms: float = Field(default=60.0, ge=0, le=1000)
     # Ring (180) this long before answering; 0 answers at once.
     answer_after_ms: float = Field(default=0.0, ge=0, le=60_000)
+    # Session timers (RFC 4028): the interval a caller that supports them but asks for none
+    # gets, refreshed by the caller (0: none unless asked for), and the shortest interval
+    # taken (422 below it; the RFC's floor is 90 s). A call whose refresh never comes ends.
+    session_expires_s: int = Field(default=1800, ge=0, le=86_400)
+    min_session_expires_s: int = Field(default=90, ge=90, le=86_400)
     trunk: SipTrunk | None = None  # for calls the server places; none: POST /calls is off
     registrations: list[SipRegistration] = Field(default_factory=list)  # over UDP
 

@@ -45,6 +45,7 @@ from voice_agent.sip.guard import parse_networks
 from voice_agent.sip.media import FRAME_MS, SAMPLE_RATE, RtpSession
 from voice_agent.sip.offer import MediaSecurity
 from voice_agent.sip.registration import RegistrationChanged
+from voice_agent.sip.session_timer import TimerSettings
 from voice_agent.sip.transaction import Addr
 from voice_agent.sip.trunk_probe import TrunkReachability
 
@@ -239,6 +240,9 @@ class SipGateway:
                 max_auth_failures_per_minute=self._max_failures,
                 media_security=MediaSecurity(
                     self._srtp, self.settings.srtp_keys_over_plain_signalling
+                ),
+                timers=TimerSettings(
+                    self.settings.session_expires_s, self.settings.min_session_expires_s
                 ),
             )
         )

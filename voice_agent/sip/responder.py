@@ -21,6 +21,9 @@ from voice_agent.sip.message import (
 )
 from voice_agent.sip.transaction import Addr, ResponseCache, TransactionKey, response_addr
 
+ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY, UPDATE"
+SUPPORTED = ("Supported", "timer")  # RFC 4028
+
 
 class Responder:
     def __init__(self, host: str, port: int, stream_ports: dict[str, int], user_agent: str) -> None:

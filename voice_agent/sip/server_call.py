@@ -1,6 +1,7 @@
 """One call as the user agent server keeps it (voice_agent.sip.uas): its INVITE and the
 transaction that answers it, the dialog once it is made, what is being sent again until it is
-acknowledged (our 2xx or refusal, our BYE, our REFER) and when the call may be forgotten. The
+acknowledged (our 2xx or refusal, our BYE, our REFER, our session refresh), its session timer
+(RFC 4028) and when the call may be forgotten. The
 server's counterpart of voice_agent.sip.placed_call.
 """
 
@@ -12,6 +13,8 @@ from typing import Literal
 from voice_agent.sip import sdp
 from voice_agent.sip.dialog import Dialog
 from voice_agent.sip.message import SipMessage
+from voice_agent.sip.session_refresh import OurRefresh
+from voice_agent.sip.session_timer import SessionTimer
 from voice_agent.sip.transaction import Addr, Retransmission, TransactionKey
 
 CallState = Literal["offered", "answered", "confirmed", "ended"]
@@ -44,6 +47,9 @@ class ServerCall:
     refer_branch: str | None = None
     referred: bool = False  # a REFER was sent: its NOTIFYs are expected
     expires_ms: float | None = None  # an ended call is kept this long for retransmissions
+    timer: SessionTimer | None = None  # RFC 4028, once negotiated
+    refresh: OurRefresh | None = None  # our latest session refresh, while it matters
+    session_body: bytes = b""  # the SDP of our latest 2xx: what a re-INVITE refresh offers
 
     @property
     def over_stream(self) -> bool:
@@ -52,6 +58,10 @@ class ServerCall:
     @property
     def deadline_ms(self) -> float | None:
         times = [t.deadline_ms for t in (self.retransmit, self.bye, self.refer) if t is not None]
+        if self.refresh is not None and self.refresh.retransmit is not None:
+            times.append(self.refresh.retransmit.deadline_ms)
+        if self.timer is not None and self.state == "confirmed":
+            times.append(self.timer.deadline_ms)
         if self.expires_ms is not None:
             times.append(self.expires_ms)
         return min(times, default=None)

@@ -24,7 +24,9 @@ What is answered how:
 - BYE: 200, the call ends. `hang_up` sends a BYE (after the ACK, if it has not come yet:
   section 15), retransmitted until answered or 32 s.
 - re-INVITE: the new offer answered (hold: sendonly or inactive, or c=0.0.0.0; resume), or
-  488 with the session unchanged; an older CSeq gets 500 (section 12.2.2).
+  488 with the session unchanged; an older CSeq gets 500 (section 12.2.2). UPDATE (RFC 3311)
+  and session timers (RFC 4028): voice_agent.sip.session_keeper. A Require: 100rel call gets
+  no 180, so no reliable provisional (RFC 3262) is owed.
 - INFO with application/dtmf-relay or application/dtmf: a digit. OPTIONS: 200 with Allow,
   503 while draining (a proxy's probe then stops sending calls here).
 - `transfer` sends a REFER in the dialog (RFC 3515; the transferor's side of RFC 5589's basic
@@ -75,8 +77,10 @@ from voice_agent.sip.message import (
     sipfrag_status,
 )
 from voice_agent.sip.offer import BadOffer, MediaSecurity, negotiated_offer
-from voice_agent.sip.responder import Responder
+from voice_agent.sip.responder import ALLOW, SUPPORTED, Responder
 from voice_agent.sip.server_call import ServerCall
+from voice_agent.sip.session_keeper import SessionKeeper
+from voice_agent.sip.session_timer import TimerSettings, TooSmall, negotiate
 from voice_agent.sip.transaction import (
     TIMEOUT_MS,
     Addr,
@@ -89,7 +93,6 @@ from voice_agent.sip.transaction import (
 
 # Long enough that a client does not come straight back to a server that is emptying.
 DRAIN_RETRY_AFTER_S = 60
-ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY"
 # Methods of SIP's extensions a server may be sent and does not take here (405, with Allow).
 KNOWN_METHODS = {
     "REGISTER",
@@ -98,9 +101,10 @@ KNOWN_METHODS = {
     "MESSAGE",
     "PUBLISH",
     "PRACK",
-    "UPDATE",
 }
-SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
+# "100rel" (RFC 3262) is taken as required by never sending a provisional response but 100,
+# which needs no PRACK: a call that requires it gets no 180 (see `ringing`).
+SUPPORTED_EXTENSIONS: frozenset[str] = frozenset({"timer", "100rel"})
 _REQUIRED = ("via", "from", "to", "call-id", "cseq")
 
 
@@ -116,6 +120,7 @@ class UasSettings:
     max_calls: int = 1000
     max_auth_failures_per_minute: int = 10
     media_security: MediaSecurity = field(default_factory=MediaSecurity)
+    timers: TimerSettings = field(default_factory=TimerSettings)  # RFC 4028
     user_agent: str = "voice-agent"
 
 
@@ -148,7 +153,18 @@ class UserAgentServer:
             self.settings.user_agent,
         )
         self.failures = FailureLimiter(self.settings.max_auth_failures_per_minute)
-        self._branches: dict[str, str] = {}  # our BYE's branch: its call
+        # Our requests' branches (BYE, REFER, session refresh): their call.
+        self._branches: dict[str, str] = {}
+        self.sessions = SessionKeeper(
+            timers=self.settings.timers,
+            media_security=self.settings.media_security,
+            user_agent=self.settings.user_agent,
+            responder=self.responder,
+            make_id=self.make_id,
+            branches=self._branches,
+            end=lambda call, now_ms, reason: self._end(call, now_ms, reason, bye=True),
+            session_body=self._session_body,
+        )
 
     @property
     def live_calls(self) -> int:
@@ -184,9 +200,11 @@ class UserAgentServer:
                 elif call.refer.timed_out(now_ms):
                     self._forget_refer(call)
                     actions.append(TransferFailed(call.call_id, 408, "no answer to the REFER"))
+            actions += self.sessions.tick(call, now_ms)
             if call.expires_ms is not None and now_ms >= call.expires_ms:
                 if call.retransmit is None and call.bye is None:
                     self._forget_bye(call)
+                    self.sessions.forget(call)
                     del self.calls[call.call_id]
         return actions
 
@@ -201,7 +219,7 @@ class UserAgentServer:
     def message(self, message: SipMessage, source: Addr, now_ms: float) -> list[Action]:
         """A datagram already parsed (voice_agent.sip.endpoint parses each one once)."""
         if not message.is_request:
-            return self._response(message, source)
+            return self._response(message, source, now_ms)
         missing = [name for name in _REQUIRED if message.get(name) is None]
         try:
             if missing:
@@ -244,7 +262,7 @@ class UserAgentServer:
             return self._invite(message, key, source, now_ms)
         if method == "CANCEL":
             return self._cancel(message, key, source, now_ms)
-        if method in ("BYE", "INFO", "NOTIFY"):
+        if method in ("BYE", "INFO", "NOTIFY", "UPDATE"):
             return self._in_dialog(message, key, source, now_ms)
         if method == "OPTIONS" and self.draining:
             return self.responder.reply(
@@ -262,7 +280,7 @@ class UserAgentServer:
                 200,
                 key=key,
                 now_ms=now_ms,
-                headers=[("Allow", ALLOW), ("Accept", "application/sdp")],
+                headers=[("Allow", ALLOW), ("Accept", "application/sdp"), SUPPORTED],
             )
         if method in KNOWN_METHODS:
             return self.responder.refuse(
@@ -293,6 +311,8 @@ class UserAgentServer:
         call = self.calls.get(call_id)
         if call is None or call.state != "offered":
             return []
+        if "100rel" in required_extensions(call.invite):
+            return []  # a 180 would have to be sent reliably (RFC 3262): the caller waits
         # The 180's To tag makes an early dialog (section 12.1.1): the caller may BYE in it.
         call.dialog = Dialog.from_invite(call.invite, call.local_tag, call.source)
         call.last_response = build_response(
@@ -425,6 +445,18 @@ class UserAgentServer:
             return self.responder.refuse(
                 invite, source, bad.status, bad.reason, headers=bad.headers
             )
+        try:
+            timer = negotiate(invite, self.settings.timers)
+        except SipParseError as error:
+            return self.responder.refuse(invite, source, 400, str(error))
+        if isinstance(timer, TooSmall):
+            return self.responder.refuse(
+                invite,
+                source,
+                422,
+                "session interval too small",
+                headers=[("Min-SE", str(timer.min_se_s))],
+            )
         call = ServerCall(
             call_id=invite.call_id,
             invite=invite,
@@ -433,6 +465,7 @@ class UserAgentServer:
             response_addr=response_addr(invite, source),
             local_tag=self.make_id(),
             negotiated=negotiated,
+            timer=timer,
         )
         self.calls[call.call_id] = call
         call.last_response = build_response(invite, 100, headers=self.responder.common())
@@ -462,24 +495,26 @@ class UserAgentServer:
             )
         call.dialog.remote_cseq = number
         call.reinvite_key = key
+        refresh = call.refresh
+        if refresh is not None and refresh.method == "INVITE" and refresh.final is None:
+            # Section 14.2: our own re-INVITE (a session refresh) crossed this one.
+            return self._refuse_reinvite(call, invite, 491, "our re-INVITE is under way", now_ms)
         try:
+            timer = negotiate(invite, self.settings.timers, current=call.timer)
             negotiated = negotiated_offer(invite, self.settings.media_security)
+        except SipParseError as error:
+            return self._refuse_reinvite(call, invite, 400, str(error), now_ms)
         except BadOffer as bad:
-            # Section 14.2: a refused re-INVITE leaves the session as it was.
-            response = build_response(
+            return self._refuse_reinvite(call, invite, bad.status, bad.reason, now_ms, bad.headers)
+        if isinstance(timer, TooSmall):
+            return self._refuse_reinvite(
+                call,
                 invite,
-                bad.status,
-                to_tag=call.local_tag,
-                headers=[*self.responder.common(), *bad.headers],
+                422,
+                "session interval too small",
+                now_ms,
+                [("Min-SE", str(timer.min_se_s))],
             )
-            call.reinvite_response = response
-            # Retransmitted until its ACK (section 17.2.1), without ending the call if none.
-            call.retransmit = Retransmission.of_request(
-                response, call.response_addr, now_ms, over_stream=call.over_stream
-            )
-            call.retransmit_2xx = False
-            call.waiting_ack_cseq = number
-            return [Send(response, call.response_addr), Refused(source, bad.status, bad.reason)]
         actions: list[Action] = []
         if negotiated is not None:
             call.negotiated = negotiated
@@ -487,7 +522,34 @@ class UserAgentServer:
         body = self._session_body(call, invite)
         if body is None:
             return self.responder.refuse(invite, source, 488, "re-INVITE offer not acceptable")
+        call.timer = timer
         return self._send_2xx(call, invite, number, body, now_ms) + actions
+
+    def _refuse_reinvite(
+        self,
+        call: ServerCall,
+        invite: SipMessage,
+        status: int,
+        reason: str,
+        now_ms: float,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> list[Action]:
+        """Section 14.2: a refused re-INVITE leaves the session as it was. The refusal is
+        retransmitted until its ACK (section 17.2.1), without ending the call if none comes."""
+        extra = [*(headers or []), ("Warning", f'399 voice-agent "{quoted(reason)}"')]
+        response = build_response(
+            invite, status, to_tag=call.local_tag, headers=[*self.responder.common(), *extra]
+        )
+        call.reinvite_response = response
+        call.retransmit = Retransmission.of_request(
+            response, call.response_addr, now_ms, over_stream=call.over_stream
+        )
+        call.retransmit_2xx = False
+        call.waiting_ack_cseq = invite.cseq[0]
+        return [
+            Send(response, call.response_addr),
+            Refused(call.source, status, f"re-INVITE: {reason}"),
+        ]
 
     def _ack(self, ack: SipMessage, number: int, now_ms: float) -> list[Action]:
         call = self.calls.get(ack.call_id)
@@ -564,6 +626,8 @@ class UserAgentServer:
         call.dialog.remote_cseq = number
         if request.method == "NOTIFY":
             return self._notify(call, request, key, source, now_ms)
+        if request.method == "UPDATE":
+            return self.sessions.update(call, request, key, source, now_ms)
         actions = self.responder.reply(request, source, 200, key=key, now_ms=now_ms)
         if request.method == "BYE":
             if call.state == "offered":
@@ -600,7 +664,7 @@ class UserAgentServer:
             actions.append(TransferProgress(call.call_id, status, reason, final))
         return actions
 
-    def _response(self, response: SipMessage, source: Addr) -> list[Action]:
+    def _response(self, response: SipMessage, source: Addr, now_ms: float) -> list[Action]:
         try:
             branch = response.vias[0].branch if response.get("via") else None
         except SipParseError:
@@ -608,6 +672,8 @@ class UserAgentServer:
         call_id = self._branches.get(branch or "")
         call = self.calls.get(call_id or "")
         status = response.status or 0
+        if call is not None and call.refresh is not None and branch == call.refresh.branch:
+            return self.sessions.answered(call, response, now_ms)
         if call is not None and call.refer is not None and branch == call.refer_branch:
             if status < 200:
                 return []
@@ -653,8 +719,11 @@ class UserAgentServer:
             *(("Record-Route", route) for route in request.get_all("record-route")),
             ("Contact", self.responder.contact(request)),
             ("Allow", ALLOW),
+            SUPPORTED,
+            *self.sessions.timer_headers(call, now_ms),
             ("Content-Type", "application/sdp"),
         ]
+        call.session_body = body
         response = build_response(request, 200, to_tag=call.local_tag, headers=headers, body=body)
         if request is call.invite:
             call.last_response = response
@@ -693,6 +762,8 @@ class UserAgentServer:
             self._branches[call.bye_branch or ""] = call.call_id
             actions.append(Send(data, destination))
         self._forget_refer(call)  # a transfer under way ends with the call
+        if call.refresh is not None:
+            call.refresh.retransmit = None  # its final response still gets its ACK
         if call.state != "ended":
             call.state = "ended"
             actions.append(CallEnded(call.call_id, reason))

@@ -19,6 +19,8 @@ reason                                             outcome           where it co
 "no ACK from the caller", "media failed: ..."     error             sip: a 2xx never acknowledged,
                                                                      a call's RTP tick failed
 "AudioSocket error ..."                            error             audiosocket: Asterisk's 0xff
+"session expired: ..."                             error             sip: no session refresh came
+                                                                     (RFC 4028), or ours failed
 "callee hung up"                                   caller_hung_up    sip: a placed call's far end
 "busy: ..."                                        busy              a placed call: SIP 486/600, a
                                                                      carrier's busy callback
@@ -89,6 +91,7 @@ _PREFIXES: Final = (
     ("call failed", FAILED),
     ("ice failed", ERROR),
     ("client is not reading", ERROR),
+    ("session expired", ERROR),
 )
 
 
