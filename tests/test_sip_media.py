@@ -5,6 +5,7 @@ and the settings it refuses."""
 from __future__ import annotations
 
 import math
+import socket
 import struct
 from typing import Any
 
@@ -156,11 +157,32 @@ def test_an_unknown_user_part_goes_to_the_default_agent() -> None:
     assert route is not None and route.agent is None
 
 
+def free_even_range(count: int) -> int:
+    """An odd base whose next `count` even ports are free now: the suite's other workers run
+    SIP servers in the default range, which a fixed one here collided with."""
+    for base in range(40001, 60000, 2 * count + 2):
+        wanted = range(base + 1, base + 2 * count + 1)  # the pairs' ports and their RTCP + 1
+        probes = []
+        try:
+            for number in wanted:
+                probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                probes.append(probe)
+                probe.bind(("127.0.0.1", number))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise AssertionError("no free range of UDP ports")
+
+
 def test_rtp_ports_are_even_and_come_back() -> None:
-    ports = RtpPorts(20001, 20006)  # 20002, 20004, 20006
+    base = free_even_range(3)
+    ports = RtpPorts(base, base + 5)  # base+1, base+3, base+5 even
     socks = [ports.bind("127.0.0.1") for _ in range(3)]
     numbers = sorted(sock.getsockname()[1] for sock in socks)
-    assert numbers == [20002, 20004, 20006]
+    assert numbers == [base + 1, base + 3, base + 5]
     with pytest.raises(VoiceAgentError, match="no free RTP port"):
         ports.bind("127.0.0.1")
     socks[0].close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from voice_agent.sip import sdp
 from voice_agent.sip.events import MediaChanged, Send, ServerAction
 from voice_agent.sip.message import SipMessage, SipParseError
 from voice_agent.sip.offer import BadOffer, MediaSecurity, negotiated_offer
@@ -171,10 +170,9 @@ class SessionKeeper:
         if not first or call.state == "ended" or verdict == "pending":
             return actions
         if verdict == "refreshed":
+            # The answer to a re-INVITE refresh is not read for media: we offered the session
+            # unchanged, and a caller that moved its RTP is followed by latching (media.py).
             call.timer = after
-            changed = self._refreshed_media(call, response)
-            if changed is not None:
-                actions.append(MediaChanged(call.call_id, changed))
         elif verdict == "ask again":
             actions += self._send_refresh(call, now_ms, refresh.method)
         elif verdict == "as re-INVITE":
@@ -183,21 +181,6 @@ class SessionKeeper:
             reason = f"session expired: our refresh got {response.status}"
             actions += self._end(call, now_ms, reason)
         return actions
-
-    def _refreshed_media(self, call: ServerCall, response: SipMessage) -> sdp.Negotiated | None:
-        """The session after the answer in the 2xx to our re-INVITE, if it changed."""
-        if call.refresh is None or call.refresh.method != "INVITE" or not response.body:
-            return None
-        try:
-            negotiated = sdp.negotiate_answer(
-                sdp.parse_sdp(call.session_body), sdp.parse_sdp(response.body)
-            )
-        except sdp.SdpError:
-            return None  # an answer we cannot use: the session goes on as it was
-        if negotiated == call.negotiated:
-            return None
-        call.negotiated = negotiated
-        return negotiated
 
     def forget(self, call: ServerCall) -> None:
         if call.refresh is not None:
