@@ -86,6 +86,18 @@ async def ringing(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Voi
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def impatient(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
+    """A call is ended after 2 s without RTP or RTCP from the caller."""
+    config = default_config_with(
+        tmp_path_factory.mktemp("sip-media-timeout"),
+        voice=QUICK_VOICE,
+        sip={"media_timeout_s": 2},
+    )
+    async for voice_server in serving(config, sip=True):
+        yield voice_server
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def piper_voiced(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VoiceServer]:
     """The agent speaking with Piper's joe voice: what the caller records is transcribed, and
     Whisper tiny.en reads eSpeak's voice poorly (docs/performance.md)."""
@@ -305,6 +317,22 @@ async def test_a_caller_asking_for_session_timers_is_told_the_minimum_then_refre
     assert call["end_reason"] == "caller hung up"
 
 
+async def test_a_caller_gone_quiet_is_hung_up_after_the_media_timeout(
+    impatient: VoiceServer, tmp_path: Path
+) -> None:
+    """No RTP and no RTCP after the ACK (a phone that lost its network sends no BYE either):
+    the server hangs up at `sip.media_timeout_s` and files the call as a media timeout."""
+    xml = scenario("silent_caller", tmp_path, bye_timeout_ms="15000")
+    result = await run_sipp(target(impatient), tmp_path, scenario_file=xml)
+    assert result.ok, result.stderr + result.messages
+    call = await last_call(impatient)
+    assert call["end_reason"] == "media timeout: no RTP or RTCP for 2 s"
+    assert call["outcome"] == "error"
+    started = next(e["t"] for e in call["audit"] if e["type"] == "sip")
+    ended = next(e["t"] for e in call["audit"] if e["type"] == "rtp")
+    assert 1.9 <= ended - started < 10  # not at once: after the 2 s of quiet
+
+
 async def test_a_trunks_options_probe_is_answered(server: VoiceServer, tmp_path: Path) -> None:
     result = await run_sipp(target(server), tmp_path, scenario_file=scenario("options", tmp_path))
     assert result.ok, result.stderr + result.messages
@@ -521,6 +549,12 @@ async def test_a_booking_conversation_from_baresip_heard_as_the_caller_hears_it(
     assert committed in [m for m in messages(call, "assistant") if m]
     for expected in ("thanks for calling bella vista", "open every day", "what name", "goodbye"):
         assert expected in said, said
+    # RTCP both ways with a real stack (baresip's libre): its reports reached us and named our
+    # stream, and its echo of our sender report's time gave the round trip.
+    (rtp,) = audit(call, "rtp")
+    assert rtp["rtcp_received"] > 0 and rtp["rtcp_sent"] > 0 and rtp["rtcp_unreadable"] == 0
+    assert rtp["caller_reported_lost"] is not None
+    assert rtp["round_trip_ms"] is not None and 0 <= rtp["round_trip_ms"] < 1000
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

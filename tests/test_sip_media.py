@@ -178,18 +178,20 @@ def free_even_range(count: int) -> int:
 
 
 def test_rtp_ports_are_even_and_come_back() -> None:
+    """Each call gets an even RTP port and RTCP's odd one above it; a released pair is free."""
     base = free_even_range(3)
     ports = RtpPorts(base, base + 5)  # base+1, base+3, base+5 even
-    socks = [ports.bind("127.0.0.1") for _ in range(3)]
-    numbers = sorted(sock.getsockname()[1] for sock in socks)
-    assert numbers == [base + 1, base + 3, base + 5]
+    pairs = [ports.bind("127.0.0.1") for _ in range(3)]
+    numbers = [(rtp.getsockname()[1], rtcp.getsockname()[1]) for rtp, rtcp in pairs]
+    assert sorted(numbers) == [(base + 1, base + 2), (base + 3, base + 4), (base + 5, base + 6)]
     with pytest.raises(VoiceAgentError, match="no free RTP port"):
         ports.bind("127.0.0.1")
-    socks[0].close()
-    ports.release(numbers[0])
+    for sock in pairs[0]:
+        sock.close()
+    ports.release(numbers[0][0])
     again = ports.bind("127.0.0.1")
-    assert again.getsockname()[1] == numbers[0]
-    for sock in [again, *socks[1:]]:
+    assert again[0].getsockname()[1] == numbers[0][0]
+    for sock in [*again, *pairs[1], *pairs[2]]:
         sock.close()
 
 

@@ -233,6 +233,21 @@ def test_a_carriers_offer_takes_its_first_choice_and_keeps_ptime_and_events() ->
     assert negotiated.ptime_ms == 30 and "a=ptime:30" in lines(answer)
 
 
+def test_rtcp_mux_offered_is_taken_and_an_rtcp_port_is_read() -> None:
+    """RFC 5761 section 5.1.1: an offer's a=rtcp-mux is answered with it and RTCP goes to the
+    RTP port; without it, RTCP goes to a=rtcp's port (RFC 3605), else the RTP port + 1."""
+    muxed = CARRIER.replace(b"a=ptime:20", b"a=ptime:20\r\na=rtcp-mux")
+    negotiated, answer = answer_to(muxed)
+    assert negotiated.rtcp_mux and negotiated.rtcp_port == 16384
+    assert "a=rtcp-mux" in lines(answer)
+    negotiated, answer = answer_to(SIPP_UAC)
+    assert not negotiated.rtcp_mux and negotiated.rtcp_port == 6001
+    assert "a=rtcp-mux" not in lines(answer)
+    moved = CARRIER.replace(b"a=rtcp:16385", b"a=rtcp:16500 IN IP4 203.0.113.10")
+    negotiated, _ = answer_to(moved)
+    assert negotiated.rtcp_port == 16500
+
+
 def test_a_softphone_offer_gets_pcmu_and_its_video_rejected() -> None:
     offer = parse_sdp(SOFTPHONE)
     audio, video = offer.streams
@@ -433,6 +448,8 @@ def test_an_answer_we_cannot_use() -> None:
         (SIPP_UAC + b"a=fmtp:zz 0-16\r\n", "line 8 .*fmtp payload type 'zz'"),
         (SIPP_UAC + b"a=ptime:twenty\r\n", "line 8 .*ptime is not a positive number"),
         (SIPP_UAC + b"a=ptime:0\r\n", "line 8 .*ptime is not a positive number"),
+        (SIPP_UAC + b"a=rtcp:0\r\n", "line 8 .*rtcp is not '<port 1..65535>"),
+        (SIPP_UAC + b"a=rtcp:\r\n", "line 8 .*rtcp is not"),
         (SIPP_UAC + b"a=sendonly\r\na=recvonly\r\n", "line 9 .*recvonly after sendonly"),
         (SIPP_UAC.replace(b"c=IN IP4", b"c=IN IPX"), "line 4 .*is not 'IN IP4|IP6"),
         (SIPP_UAC.replace(b"127.0.0.1\r\nt", b"999.1.1.1\r\nt"), "line 4 .*not an IP4 address"),

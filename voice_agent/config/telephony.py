@@ -190,6 +190,9 @@ class SipSettings(Strict):
     # taken (422 below it; the RFC's floor is 90 s). A call whose refresh never comes ends.
     session_expires_s: int = Field(default=1800, ge=0, le=86_400)
     min_session_expires_s: int = Field(default=90, ge=90, le=86_400)
+    # A call from which neither RTP nor RTCP has come this long (off hold) is ended: the
+    # caller's phone or network went away without a BYE. 0: never.
+    media_timeout_s: float = Field(default=60.0, ge=0, le=3600)
     trunk: SipTrunk | None = None  # for calls the server places; none: POST /calls is off
     registrations: list[SipRegistration] = Field(default_factory=list)  # over UDP
 

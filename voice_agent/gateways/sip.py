@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -483,7 +484,7 @@ class SipGateway:
         if refusal is not None:
             return f"call failed: {refusal}", False
         try:
-            sock = self.ports.bind(self.host)
+            sock, rtcp_sock = self.ports.bind(self.host)
         except VoiceAgentError as exc:
             return f"call failed: {exc}", False
         port = sock.getsockname()[1]
@@ -503,9 +504,7 @@ class SipGateway:
         reason = "call failed: not answered"
         try:
             assert self._loop is not None
-            call.transport, _ = await self._loop.create_datagram_endpoint(
-                lambda: RtpProtocol(call), sock=sock
-            )
+            call.transport, call.rtcp_transport = await self._rtp_endpoints(call, sock, rtcp_sock)
             self._apply(actions)
             confirmed = asyncio.ensure_future(call.confirmed.wait())
             await _first(confirmed, call.ended)
@@ -535,15 +534,12 @@ class SipGateway:
                 self._apply(self.uas.reject(call.call_id, 404, self.now_ms(), "no such agent"))
                 return
             try:
-                sock = self.ports.bind(self.host)
+                sock, rtcp_sock = self.ports.bind(self.host)
             except VoiceAgentError as exc:
                 self._apply(self.uas.reject(call.call_id, 503, self.now_ms(), str(exc)))
                 return
             call.port = sock.getsockname()[1]
-            transport, _ = await self._loop.create_datagram_endpoint(
-                lambda: RtpProtocol(call), sock=sock
-            )
-            call.transport = transport
+            call.transport, call.rtcp_transport = await self._rtp_endpoints(call, sock, rtcp_sock)
             if self.settings.answer_after_ms > 0:
                 self._apply(self.uas.ringing(call.call_id))
                 with contextlib.suppress(TimeoutError):
@@ -564,6 +560,16 @@ class SipGateway:
         finally:
             await self._finish(call, reason)
 
+    async def _rtp_endpoints(
+        self, call: LiveCall, sock: socket.socket, rtcp_sock: socket.socket
+    ) -> tuple[asyncio.DatagramTransport, asyncio.DatagramTransport]:
+        assert self._loop is not None
+        rtp, _ = await self._loop.create_datagram_endpoint(lambda: RtpProtocol(call), sock=sock)
+        rtcp, _ = await self._loop.create_datagram_endpoint(
+            lambda: RtpProtocol(call, rtcp=True), sock=rtcp_sock
+        )
+        return rtp, rtcp
+
     async def _converse(
         self, call: LiveCall, agent: str | None, args: dict[str, Any], call_id: str | None
     ) -> str:
@@ -574,6 +580,7 @@ class SipGateway:
             call.negotiated,
             signalling_host=call.peer_host,
             heard_delay_ms=self.settings.heard_delay_ms,
+            wall_offset_s=time.time() - self.now_ms() / 1000,
         )
         carrier = CarrierFormat(call.media.encoding, SAMPLE_RATE)
         outbound = SipOutbound(self, call, call.media)
@@ -623,6 +630,9 @@ class SipGateway:
     async def _finish(self, call: LiveCall, reason: str) -> None:
         if call.pipeline is not None:
             if call.media is not None:
+                goodbye = call.media.rtcp_goodbye(self.now_ms())
+                if goodbye is not None:
+                    call.send_rtcp(goodbye)
                 # What the line carried, in the call's audit: packets, losses, strays.
                 report = call.media.report()
                 call.pipeline.session.audit.add("rtp", **report)
@@ -631,6 +641,8 @@ class SipGateway:
             await call.pipeline.hang_up(reason)
         if call.transport is not None:
             call.transport.close()
+        if call.rtcp_transport is not None:
+            call.rtcp_transport.close()
         if call.port is not None:
             self.ports.release(call.port)
         self.calls.pop(call.call_id, None)
@@ -680,6 +692,13 @@ class SipGateway:
                 call.transport.sendto(packet, destination)
             for name in heard:
                 pipeline.mark(name)
+            report = media.next_rtcp(now_ms)
+            if report is not None:
+                call.send_rtcp(report)
+            timeout_s = self.settings.media_timeout_s
+            if timeout_s and not media.on_hold and media.silent_for_ms(now_ms) >= timeout_s * 1000:
+                # The caller's phone or network is gone without a BYE: nothing would end it.
+                self.hang_up(call.call_id, f"media timeout: no RTP or RTCP for {timeout_s:g} s")
         except Exception as exc:  # one call's failure must not stop every call's clock
             log.exception("sip call %s: media tick failed", call.call_id)
             self.hang_up(call.call_id, f"media failed: {type(exc).__name__}")

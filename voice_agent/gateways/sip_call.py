@@ -1,8 +1,8 @@
-"""One SIP call on the listener: its RTP socket (the protocol that hands its datagrams to the
-call's media), what the listener knows of it while it lasts (`LiveCall`: the INVITE or the
-placed call, the negotiated media, the pipeline, a transfer under way, its phase of the media
-clock), and the pipeline's Outbound for it (`SipOutbound`: audio to the RTP playout, a BYE to
-close, REFER to transfer, RFC 4733 keys).
+"""One SIP call on the listener: its RTP and RTCP sockets (the protocols that hand their
+datagrams to the call's media), what the listener knows of it while it lasts (`LiveCall`: the
+INVITE or the placed call, the negotiated media, the pipeline, a transfer under way, its phase
+of the media clock), and the pipeline's Outbound for it (`SipOutbound`: audio to the RTP
+playout, a BYE to close, REFER to transfer, RFC 4733 keys).
 """
 
 from __future__ import annotations
@@ -34,11 +34,15 @@ BYE_AFTER_LAST_AUDIO_MS = 1000.0
 
 
 class RtpProtocol(asyncio.DatagramProtocol):
-    def __init__(self, call: LiveCall) -> None:
+    def __init__(self, call: LiveCall, *, rtcp: bool = False) -> None:
         self.call = call
+        self.rtcp = rtcp  # the RTCP port (RTP's + 1)
 
     def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        self.call.rtp_in(data, (addr[0], addr[1]))
+        if self.rtcp:
+            self.call.rtcp_in(data, (addr[0], addr[1]))
+        else:
+            self.call.rtp_in(data, (addr[0], addr[1]))
 
     def error_received(self, exc: Exception) -> None:
         # ICMP port unreachable after the caller left: the next BYE or timer ends the call.
@@ -59,6 +63,7 @@ class LiveCall:
     media: RtpSession | None = None
     pipeline: CallPipeline | None = None
     transport: asyncio.DatagramTransport | None = None
+    rtcp_transport: asyncio.DatagramTransport | None = None
     port: int | None = None
     # A transfer under way: resolved with None once the caller has gone to the target, else
     # why not; `transfer_accepted` once the far end took the REFER.
@@ -97,6 +102,27 @@ class LiveCall:
             return
         if digit is not None and self.pipeline is not None:
             self.pipeline.dtmf(digit)
+
+    def rtcp_in(self, data: bytes, source: Addr) -> None:
+        media = self.media
+        if media is None:
+            return
+        try:
+            media.receive_rtcp(data, source, self.gateway.now_ms())
+        except Exception:  # as for RTP: lose the packet, keep the call
+            log.exception("sip call %s: an RTCP packet could not be handled", self.call_id)
+
+    def send_rtcp(self, data: bytes) -> None:
+        """Our RTCP to the caller: on the RTP socket under rtcp-mux, else on the RTCP one."""
+        media = self.media
+        destination = media.rtcp_destination if media is not None else None
+        transport = (
+            self.transport
+            if media is not None and media.negotiated.rtcp_mux
+            else self.rtcp_transport
+        )
+        if destination is not None and transport is not None:
+            transport.sendto(data, destination)
 
 
 class SipOutbound:

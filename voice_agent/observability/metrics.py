@@ -183,6 +183,24 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self.sip_caller_jitter = Histogram(
+            f"{PREFIX}_sip_caller_jitter_seconds",
+            "The interarrival jitter of SIP callers' RTP (RFC 3550 A.8), as each call ends.",
+            buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2),
+            registry=r,
+        )
+        self.sip_caller_loss = Histogram(
+            f"{PREFIX}_sip_caller_loss_ratio",
+            "The share of SIP callers' RTP packets that never came, as each call ends.",
+            buckets=(0.0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2),
+            registry=r,
+        )
+        self.sip_round_trip = Histogram(
+            f"{PREFIX}_sip_round_trip_seconds",
+            "The round trip to SIP callers from their RTCP reports of ours, as each call ends.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.barge_ins = Counter(
             f"{PREFIX}_barge_ins", "Times the caller cut the agent off.", registry=r
         )
@@ -281,6 +299,14 @@ class ServerMetrics:
             count = report.get(f"srtp_{reason}") or 0
             if count:
                 self.srtp_dropped.labels(reason).inc(count)
+        expected = report.get("stream_expected") or 0
+        if expected > 0:
+            self.sip_caller_jitter.observe((report.get("jitter_ms") or 0) / 1000)
+            lost = max(0, report.get("stream_lost") or 0)
+            self.sip_caller_loss.observe(min(1.0, lost / expected))
+        round_trip = report.get("round_trip_ms")
+        if round_trip is not None:
+            self.sip_round_trip.observe(round_trip / 1000)
 
     def admission_refused(self, reason: str) -> None:
         self.admissions_refused.labels(_label(reason)).inc()

@@ -14,6 +14,12 @@ nothing is sent and the agent's audio waits in the playout, to go on when the ca
 SRTP (RFC 3711), when the offer and answer set keys (voice_agent.sip.sdes): every packet out is
 protected and every packet in unprotected before it is read; one that fails its check (forged,
 replayed, or plain RTP on an SRTP call) is dropped and counted, and the call goes on.
+
+RTCP (RFC 3550 section 6; voice_agent.sip.rtcp_session): the caller's reports read, from the
+RTCP port (RTP's + 1) or the RTP port itself (RFC 5761's rtcp-mux, or a peer that sends them
+there anyway: told apart by packet type), through SRTCP on an SRTP call; ours sent every 5 s
+or so to where the caller's come from, else to its SDP's RTCP port. `silent_for_ms` is how
+long neither RTP nor RTCP has come, for the gateway's `sip.media_timeout_s`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from voice_agent.audio.codec import CarrierFormat
 from voice_agent.audio.playout import RtpPlayout
 from voice_agent.sip.dtmf import DtmfReceiver, tone_pcm
 from voice_agent.sip.jitter import JitterBuffer
+from voice_agent.sip.rtcp import is_rtcp
+from voice_agent.sip.rtcp_session import RtcpSession
 from voice_agent.sip.rtp import RtpError, RtpSender, parse_rtp
 from voice_agent.sip.sdes import SrtpDropped, SrtpTransform
 from voice_agent.sip.sdp import Negotiated
@@ -42,13 +50,14 @@ DEFAULT_HEARD_DELAY_MS = 60.0
 # of one key apart; Q.24 asks for 40 ms or more of each).
 KEY_MS = 100
 KEY_GAP_FRAMES = 5
+RTP_HEADER_BYTES = 12  # ours carry no CSRC list and no extension
 
 
 @dataclass(slots=True)
 class MediaStats:
     received: int = 0
     sent: int = 0
-    unreadable: int = 0  # not RTP, or RTCP
+    unreadable: int = 0  # neither RTP nor RTCP
     foreign: int = 0  # from a host that is not the caller's
     other_payload: int = 0  # a payload type the answer did not name
     digits: int = 0
@@ -63,6 +72,7 @@ class RtpSession:
         *,
         signalling_host: str,
         heard_delay_ms: float = DEFAULT_HEARD_DELAY_MS,
+        wall_offset_s: float = 0.0,  # wall-clock time at now_ms 0, for RTCP's NTP times
     ) -> None:
         self.negotiated = negotiated
         name = negotiated.codec.name
@@ -84,6 +94,12 @@ class RtpSession:
         self._keys: deque[str] = deque()  # keys to send, after the one under way
         self._key_packets: deque[bytes | None] = deque()  # this key's packets; None: silence
         self.srtp = SrtpTransform(negotiated.srtp) if negotiated.srtp is not None else None
+        ssrc = self.sender.ssrc
+        self.rtcp = RtcpSession(ssrc, f"{ssrc:08x}@voice-agent", wall_offset_s=wall_offset_s)
+        self._rtcp_latched: Addr | None = None  # where the caller's RTCP comes from
+        self._octets = 0  # payload bytes sent, for our sender reports
+        self._heard_ms: float | None = None  # the caller's last RTP or RTCP
+        self._quiet_since_ms: float | None = None
 
     @property
     def on_hold(self) -> bool:
@@ -105,6 +121,7 @@ class RtpSession:
         one the call started with (the pipeline's carrier); a change of it is not taken."""
         if negotiated.remote_address != self.negotiated.remote_address:
             self._latched = None
+            self._rtcp_latched = None
         if negotiated.srtp != self.negotiated.srtp:
             # New keys in the new offer and answer (RFC 4568 section 7.1.4): both ends switch.
             self.srtp = SrtpTransform(negotiated.srtp) if negotiated.srtp is not None else None
@@ -112,9 +129,10 @@ class RtpSession:
 
     def receive(self, data: bytes, source: Addr, now_ms: float) -> str | None:
         """A datagram on the call's port; returns a key the caller pressed, if it is one."""
-        host = source[0]
-        if host != self._signalling_host and host != self.negotiated.remote_address:
-            self.stats.foreign += 1
+        if not self._trusted(source):
+            return None
+        if is_rtcp(data):
+            self._rtcp_in(data, now_ms)
             return None
         if self.srtp is not None:
             try:
@@ -134,11 +152,11 @@ class RtpSession:
         payload_type = packet.payload_type
         event = self.negotiated.telephone_event
         if payload_type == self.negotiated.codec.payload_type:
-            self._from(source)
+            self._from(source, packet.ssrc, packet.sequence, now_ms)
             self.jitter.push(packet, now_ms)
             return None
         if event is not None and payload_type == event.payload_type:
-            self._from(source)
+            self._from(source, packet.ssrc, packet.sequence, now_ms)
             digit = self.dtmf.feed(packet)
             if digit is not None:
                 self.stats.digits += 1
@@ -146,11 +164,71 @@ class RtpSession:
         self.stats.other_payload += 1
         return None
 
-    def _from(self, source: Addr) -> None:
+    def _from(self, source: Addr, ssrc: int, sequence: int, now_ms: float) -> None:
         # Only a packet of the answer's payload types moves where ours go: stray bytes that
         # happen to read as RTP do not.
         self.stats.received += 1
         self._latched = source
+        self._heard_ms = now_ms
+        self.rtcp.rtp(ssrc, sequence)
+
+    def _trusted(self, source: Addr) -> bool:
+        host = source[0]
+        if host != self._signalling_host and host != self.negotiated.remote_address:
+            self.stats.foreign += 1
+            return False
+        return True
+
+    def receive_rtcp(self, data: bytes, source: Addr, now_ms: float) -> None:
+        """A datagram on the call's RTCP port (RTP's + 1)."""
+        if self._trusted(source) and self._rtcp_in(data, now_ms):
+            self._rtcp_latched = source
+
+    def _rtcp_in(self, data: bytes, now_ms: float) -> bool:
+        if self.srtp is not None:
+            try:
+                data = self.srtp.unprotect_rtcp(data)
+            except SrtpDropped:
+                self.rtcp.stats.unreadable += 1
+                return False
+        if not self.rtcp.receive(data, now_ms):
+            return False
+        self._heard_ms = now_ms
+        return True
+
+    @property
+    def rtcp_destination(self) -> Addr | None:
+        """Where our RTCP goes: where the caller's comes from, else its SDP's RTCP port (the
+        RTP destination under rtcp-mux); None without an address (port 0, c=0.0.0.0). Sent on
+        hold too: RTCP is what says the call is alive meanwhile."""
+        negotiated = self.negotiated
+        if negotiated.remote_port == 0 or negotiated.remote_address == "0.0.0.0":
+            return None
+        if negotiated.rtcp_mux:
+            return self._latched or (negotiated.remote_address, negotiated.remote_port)
+        return self._rtcp_latched or (negotiated.remote_address, negotiated.rtcp_port)
+
+    def next_rtcp(self, now_ms: float) -> bytes | None:
+        """Our report, when one is due (send it to `rtcp_destination`)."""
+        if not self.rtcp.due(now_ms) or self.rtcp_destination is None:
+            return None
+        sent = self.stats.sent
+        sender = (self.sender.timestamp, sent, self._octets) if sent else None
+        report = self.rtcp.report(now_ms, sender=sender, jitter_ms=self.jitter.stats.jitter_ms)
+        return self.srtp.protect_rtcp(report) if self.srtp is not None else report
+
+    def rtcp_goodbye(self, now_ms: float) -> bytes | None:
+        """Our last report with a BYE, as the call ends (None if there is nowhere to send)."""
+        if self.rtcp_destination is None:
+            return None
+        report = self.rtcp.goodbye(now_ms, jitter_ms=self.jitter.stats.jitter_ms)
+        return self.srtp.protect_rtcp(report) if self.srtp is not None else report
+
+    def silent_for_ms(self, now_ms: float) -> float:
+        """How long neither RTP nor RTCP has come from the caller (since the first ask)."""
+        if self._quiet_since_ms is None:
+            self._quiet_since_ms = now_ms
+        return now_ms - max(self._heard_ms or self._quiet_since_ms, self._quiet_since_ms)
 
     def heard_audio(self, now_ms: float) -> bytes | None:
         """The caller's next 20 ms for the pipeline, once per tick; None until the first packet.
@@ -238,7 +316,10 @@ class RtpSession:
             "srtp": self.negotiated.srtp.suite if self.negotiated.srtp else None,
             "srtp_replayed": stats.srtp_replayed,
             "srtp_unauthentic": stats.srtp_unauthentic,
+            **self.rtcp.summary(),
         }
 
     def _sealed(self, packet: bytes | None) -> bytes | None:
+        if packet:
+            self._octets += len(packet) - RTP_HEADER_BYTES  # the payload, for our SR
         return self.srtp.protect(packet) if self.srtp is not None and packet else packet

@@ -151,3 +151,15 @@ class SrtpTransform:
         except self._error as exc:
             raise SrtpDropped(replay="replay" in str(exc)) from None
         return plain
+
+    def protect_rtcp(self, packet: bytes) -> bytes:
+        """SRTCP (RFC 3711 section 3.4): the same keys' RTCP transform."""
+        protected: bytes = self._outbound.protect_rtcp(packet)
+        return protected
+
+    def unprotect_rtcp(self, packet: bytes) -> bytes:
+        try:
+            plain: bytes = self._inbound.unprotect_rtcp(packet)
+        except self._error as exc:
+            raise SrtpDropped(replay="replay" in str(exc)) from None
+        return plain

@@ -143,6 +143,8 @@ class MediaStream:
     direction: Direction
     ptime_ms: int | None
     crypto: tuple[str, ...] = ()  # its a=crypto values, in order (RFC 4568)
+    rtcp_mux: bool = False  # a=rtcp-mux: RTCP on the RTP port (RFC 5761)
+    rtcp_port: int | None = None  # a=rtcp:PORT (RFC 3605); None: the RTP port + 1
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,15 @@ class Negotiated:
     ptime_ms: int
     stream_index: int
     srtp: SrtpKeys | None = None  # the call's SRTP keys, once voice_agent.sip.offer chose them
+    rtcp_mux: bool = False  # RTCP shares the RTP port both ways (offered and answered)
+    remote_rtcp_port: int | None = None  # where the far end takes RTCP, when not muxed
+
+    @property
+    def rtcp_port(self) -> int:
+        """The far end's RTCP port: the RTP port when muxed, its a=rtcp, else RTP's + 1."""
+        if self.rtcp_mux:
+            return self.remote_port
+        return self.remote_rtcp_port or self.remote_port + 1
 
 
 @dataclass
@@ -182,6 +193,8 @@ class _Draft:
     rtpmap: dict[int, tuple[str, int, int]] = field(default_factory=dict)
     fmtp: dict[str, str] = field(default_factory=dict)
     crypto: list[str] = field(default_factory=list)
+    rtcp_mux: bool = False
+    rtcp_port: int | None = None
 
     @property
     def is_rtp(self) -> bool:
@@ -356,6 +369,16 @@ def _attribute(number: int, line: str, value: str, draft: _Draft, *, is_session:
     elif name == "crypto":
         if not is_session and len(draft.crypto) < MAX_CRYPTO:  # media-level (RFC 4568 9.1)
             draft.crypto.append(argument)
+    elif name == "rtcp-mux":
+        draft.rtcp_mux = draft.rtcp_mux or not is_session  # media-level (RFC 5761 5.1.1)
+    elif name == "rtcp":
+        # a=rtcp:<port> [<nettype> <addrtype> <address>] (RFC 3605); the address is not
+        # taken: RTCP goes where RTP does, as the callers in use send both from one host.
+        port = argument.split(" ", 1)[0]
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise _error(number, line, "rtcp is not '<port 1..65535> [address]'")
+        if not is_session:
+            draft.rtcp_port = int(port)
     # Any other attribute is read past (section 5.13: unknown attributes are ignored).
 
 
@@ -389,6 +412,8 @@ def _stream(draft: _Draft, session: _Draft) -> MediaStream:
         # as some stacks write it there and it can mean nothing else.
         ptime_ms=draft.ptime_ms if draft.ptime_ms is not None else session.ptime_ms,
         crypto=tuple(draft.crypto),
+        rtcp_mux=draft.rtcp_mux,
+        rtcp_port=draft.rtcp_port,
     )
 
 
@@ -457,6 +482,10 @@ def _negotiated(index: int, stream: MediaStream, codec: Codec, side: str) -> Neg
         on_hold=stream.direction in ("sendonly", "inactive") or stream.connection == "0.0.0.0",
         ptime_ms=stream.ptime_ms or DEFAULT_PTIME_MS,
         stream_index=index,
+        # An offer's a=rtcp-mux is taken (the answer says so); an answer's only counts if we
+        # offered it, which our offers do not (negotiate_answer).
+        rtcp_mux=stream.rtcp_mux and side == "offer",
+        remote_rtcp_port=stream.rtcp_port,
     )
 
 
@@ -522,6 +551,8 @@ def build_answer(
         lines.extend(_audio_lines(port, stream.protocol, codecs))
         if negotiated.srtp is not None:
             lines.append(negotiated.srtp.answer_line())
+        if negotiated.rtcp_mux:
+            lines.append("a=rtcp-mux")  # RFC 5761 section 5.1.1: taken
         if stream.ptime_ms is not None:
             # The packet time we send with, which we would like to receive as well (RFC 3264
             # section 6.1). An offer without one gets none back: ptime is optional there, and

@@ -21,6 +21,8 @@ reason                                             outcome           where it co
 "AudioSocket error ..."                            error             audiosocket: Asterisk's 0xff
 "session expired: ..."                             error             sip: no session refresh came
                                                                      (RFC 4028), or ours failed
+"media timeout: ..."                               error             sip: no RTP or RTCP came for
+                                                                     sip.media_timeout_s
 "callee hung up"                                   caller_hung_up    sip: a placed call's far end
 "busy: ..."                                        busy              a placed call: SIP 486/600, a
                                                                      carrier's busy callback
@@ -92,6 +94,7 @@ _PREFIXES: Final = (
     ("ice failed", ERROR),
     ("client is not reading", ERROR),
     ("session expired", ERROR),
+    ("media timeout", ERROR),
 )
 
 
