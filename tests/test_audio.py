@@ -102,6 +102,12 @@ def test_encode_known_values(value: int, ulaw: int, alaw: int) -> None:
     assert alaw_encode(pcm(np.array([value]))) == bytes([alaw])
 
 
+def test_one_law_to_the_other_is_decoding_then_encoding_for_every_code() -> None:
+    codes = bytes(range(256))
+    assert g711.ulaw_to_alaw(codes) == alaw_encode(ulaw_decode(codes))
+    assert g711.alaw_to_ulaw(codes) == ulaw_encode(alaw_decode(codes))
+
+
 def test_ulaw_encode_takes_ones_complement_of_negatives_like_g191() -> None:
     # G.191 encodes -31612 as magnitude 31611, one step below +31612's top-step code 0x80.
     assert ulaw_encode(pcm(np.array([-31612, 31612]))) == bytes([0x01, 0x80])

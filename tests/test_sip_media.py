@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from voice_agent.audio.g711 import ulaw_decode
+from voice_agent.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from voice_agent.config import SipSettings
 from voice_agent.errors import ConfigError, VoiceAgentError
 from voice_agent.gateways.rtp_ports import RtpPorts
@@ -102,6 +102,31 @@ def test_on_hold_nothing_is_sent_and_the_agents_audio_waits() -> None:
     media.update(negotiate(parse_sdp(OFFER)))
     packet, _ = media.next_packet(20)
     assert packet is not None and packet[12:] == b"\x11" * 160
+
+
+def test_a_reinvite_to_a_law_is_sent_and_heard_in_it_while_the_pipeline_keeps_mu_law() -> None:
+    """The call started in PCMU (the pipeline's law); a re-INVITE moved it to PCMA: the agent's
+    frames go out as the A-law codes of the same samples under payload type 8, on the same
+    stream, and the caller's A-law reaches the pipeline as mu-law. Back to PCMU: as before."""
+    media = session()
+    agent = bytes(range(0, 160))  # mu-law codes of many levels
+    media.playout.audio(agent * 3)
+    first, _ = media.next_packet(0)
+    assert first is not None and first[1] & 0x7F == 0 and first[12:] == agent
+    media.update(negotiate(parse_sdp(OFFER.replace(b"RTP/AVP 0 101", b"RTP/AVP 8 101"))))
+    second, _ = media.next_packet(20)
+    assert second is not None and second[1] & 0x7F == 8
+    assert second[12:] == alaw_encode(ulaw_decode(agent))
+    assert second[8:12] == first[8:12]  # the same SSRC
+    assert struct.unpack("!H", second[2:4])[0] == (struct.unpack("!H", first[2:4])[0] + 1) % 65536
+    caller = bytes(range(96, 256))  # A-law codes
+    for n in range(1, 5):
+        media.receive(rtp(n, caller, payload_type=8), CALLER, n * 20)
+    heard = [media.heard_audio(100 + n * 20) for n in range(4)]
+    assert ulaw_encode(alaw_decode(caller)) in heard
+    media.update(negotiate(parse_sdp(OFFER)))
+    third, _ = media.next_packet(40)
+    assert third is not None and third[1] & 0x7F == 0 and third[12:] == agent
 
 
 def test_the_agent_is_quiet_in_the_codecs_silence() -> None:

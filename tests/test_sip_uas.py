@@ -737,6 +737,25 @@ def test_a_re_invite_with_sendonly_puts_the_call_on_hold_and_sendrecv_resumes_it
     assert not changed.negotiated.on_hold
 
 
+def test_a_re_invite_keeps_the_law_in_use_if_offered_and_moves_to_the_other_if_not() -> None:
+    """The call is in PCMU (the first of the caller's "0 8 101"). A re-offer of "8 0" (a hold,
+    an SBC's new address) keeps PCMU: no switch mid-call for nothing; one of A-law only moves
+    the call to PCMA, said in the answer and to the server (MediaChanged)."""
+    uas = make_uas()
+    tag = confirmed(uas)
+    both = reinvite(tag, offer("8 0 101", version=2), cseq=2, branch="z9hG4bKre2")
+    actions = uas.datagram(both, CALLER, 1000)
+    assert body_of(one_sent(actions)).streams[0].codecs[0].name == "PCMU"
+    (changed,) = of_type(actions, MediaChanged)
+    assert changed.negotiated.codec.name == "PCMU"
+    uas.datagram(ack(tag, cseq=2, branch="z9hG4bKack2"), CALLER, 1010)
+    a_law = reinvite(tag, offer("8 101", version=3), cseq=3, branch="z9hG4bKre3")
+    actions = uas.datagram(a_law, CALLER, 2000)
+    assert body_of(one_sent(actions)).streams[0].codecs[0].name == "PCMA"
+    (changed,) = of_type(actions, MediaChanged)
+    assert changed.negotiated.codec.payload_type == 8
+
+
 def test_a_retransmitted_re_invite_gets_the_same_200() -> None:
     uas = make_uas()
     tag = confirmed(uas)

@@ -14,8 +14,6 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from voice_agent.audio.g711 import alaw_encode, ulaw_decode
-
 SIPP = shutil.which("sipp")
 PCAPS = Path("/usr/share/sip-tester")  # sip-tester's captures: g711a.pcap, dtmf_2833_*.pcap
 FRAME_BYTES = 160  # 20 ms of G.711 at 8 kHz
@@ -123,10 +121,6 @@ def write_rtp_pcap(
         )
     header = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)
     path.write_bytes(header + b"".join(records))
-
-
-def ulaw_to_alaw(data: bytes) -> bytes:
-    return alaw_encode(ulaw_decode(data))
 
 
 class SippCallee:

@@ -17,7 +17,14 @@ import numpy.typing as npt
 
 from voice_agent.audio._audioop import audioop
 
-__all__ = ["alaw_decode", "alaw_encode", "ulaw_decode", "ulaw_encode"]
+__all__ = [
+    "alaw_decode",
+    "alaw_encode",
+    "alaw_to_ulaw",
+    "ulaw_decode",
+    "ulaw_encode",
+    "ulaw_to_alaw",
+]
 
 
 def _bit_length(values: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
@@ -120,3 +127,20 @@ def alaw_decode(data: bytes) -> bytes:
 def alaw_encode(pcm: bytes) -> bytes:
     """Compress PCM16 little-endian samples to G.711 A-law codes (one byte per sample)."""
     return _PCM_TO_ALAW.take(_pcm_indices(pcm)).tobytes()
+
+
+# One law to the other, code by code (a call whose re-INVITE moved it from PCMU to PCMA or back:
+# voice_agent.sip.media): each code decoded to linear and encoded again, in a 256-byte table
+# for bytes.translate.
+_ULAW_TO_ALAW = bytes(_PCM_TO_ALAW[_ULAW_TO_PCM.astype(np.uint16)].tolist())
+_ALAW_TO_ULAW = bytes(_PCM_TO_ULAW[_ALAW_TO_PCM.astype(np.uint16)].tolist())
+
+
+def ulaw_to_alaw(data: bytes) -> bytes:
+    """Mu-law codes as the A-law codes of the same samples."""
+    return data.translate(_ULAW_TO_ALAW)
+
+
+def alaw_to_ulaw(data: bytes) -> bytes:
+    """A-law codes as the mu-law codes of the same samples."""
+    return data.translate(_ALAW_TO_ULAW)

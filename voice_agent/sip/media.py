@@ -11,6 +11,11 @@ caller's media to another port than it wrote.
 Hold (RFC 3264 section 8.4): while the caller has us on hold (sendonly, inactive, c=0.0.0.0)
 nothing is sent and the agent's audio waits in the playout, to go on when the call resumes.
 
+A re-INVITE that moves the call to the other G.711 law (PCMU to PCMA or back) is taken: the
+pipeline keeps the law the call started in (its carrier format is set at the start), and the
+wire gets the new one, code by code through a 256-byte table both ways, under the new payload
+type on the same RTP stream.
+
 SRTP (RFC 3711), when the offer and answer set keys (voice_agent.sip.sdes): every packet out is
 protected and every packet in unprotected before it is read; one that fails its check (forged,
 replayed, or plain RTP on an SRTP call) is dropped and counted, and the call goes on.
@@ -25,10 +30,12 @@ long neither RTP nor RTCP has come, for the gateway's `sip.media_timeout_s`.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from voice_agent.audio.codec import CarrierFormat
+from voice_agent.audio.g711 import alaw_to_ulaw, ulaw_to_alaw
 from voice_agent.audio.playout import RtpPlayout
 from voice_agent.sip.dtmf import DtmfReceiver, tone_pcm
 from voice_agent.sip.jitter import JitterBuffer
@@ -100,6 +107,10 @@ class RtpSession:
         self._octets = 0  # payload bytes sent, for our sender reports
         self._heard_ms: float | None = None  # the caller's last RTP or RTCP
         self._quiet_since_ms: float | None = None
+        # While the wire's law is not the pipeline's: the pipeline's codes to the wire's, and
+        # back (None: the same law).
+        self._to_wire: Callable[[bytes], bytes] | None = None
+        self._from_wire: Callable[[bytes], bytes] | None = None
 
     @property
     def on_hold(self) -> bool:
@@ -117,8 +128,17 @@ class RtpSession:
         return (self.negotiated.remote_address, self.negotiated.remote_port)
 
     def update(self, negotiated: Negotiated) -> None:
-        """A re-INVITE settled new media: hold, resume, another address. The codec stays the
-        one the call started with (the pipeline's carrier); a change of it is not taken."""
+        """A re-INVITE settled new media: hold, resume, another address, the other G.711 law
+        (sent and read in it from the next packet; the pipeline keeps its own)."""
+        if negotiated.codec != self.negotiated.codec:
+            self.sender.use_payload_type(negotiated.codec.payload_type)
+            wire = ENCODINGS[negotiated.codec.name]
+            if wire == self.encoding:
+                self._to_wire = self._from_wire = None
+            elif wire == "alaw":
+                self._to_wire, self._from_wire = ulaw_to_alaw, alaw_to_ulaw
+            else:
+                self._to_wire, self._from_wire = alaw_to_ulaw, ulaw_to_alaw
         if negotiated.remote_address != self.negotiated.remote_address:
             self._latched = None
             self._rtcp_latched = None
@@ -153,6 +173,8 @@ class RtpSession:
         event = self.negotiated.telephone_event
         if payload_type == self.negotiated.codec.payload_type:
             self._from(source, packet.ssrc, packet.sequence, now_ms)
+            if self._from_wire is not None:
+                packet.payload = self._from_wire(packet.payload)
             self.jitter.push(packet, now_ms)
             return None
         if event is not None and payload_type == event.payload_type:
@@ -280,10 +302,16 @@ class RtpSession:
             else:
                 tone = self._carrier.encode(tone_pcm(digit, KEY_MS))
                 frames = range(0, len(tone), self._frame_bytes)
-                packets = [self.sender.packet(tone[i : i + self._frame_bytes]) for i in frames]
+                packets = [self._audio(tone[i : i + self._frame_bytes]) for i in frames]
             self._key_packets.extend([*packets, *[None] * KEY_GAP_FRAMES])
         packet = self._key_packets.popleft()
-        return packet if packet is not None else self.sender.packet(self._silence)
+        return packet if packet is not None else self._audio(self._silence)
+
+    def _audio(self, frame: bytes, *, marker: bool = False) -> bytes:
+        """An audio packet of the pipeline's codes, in the wire's law."""
+        if self._to_wire is not None:
+            frame = self._to_wire(frame)
+        return self.sender.packet(frame, marker=marker)
 
     def next_packet(self, now_ms: float) -> tuple[bytes | None, list[str]]:
         """The packet to send this tick (None on hold) and the marks now heard."""
@@ -294,7 +322,7 @@ class RtpSession:
             return self._sealed(self._key_packet()), []
         frame, heard = self.playout.next_frame(now_ms)
         self.stats.sent += 1
-        return self._sealed(self.sender.packet(frame, marker=self.stats.sent == 1)), heard
+        return self._sealed(self._audio(frame, marker=self.stats.sent == 1)), heard
 
     def report(self) -> dict[str, Any]:
         """The call's media as it ends, for its `rtp` audit entry: what came and went, and what

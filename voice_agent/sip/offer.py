@@ -38,9 +38,13 @@ class BadOffer(Exception):
 
 
 def read_offer(
-    request: SipMessage, security: MediaSecurity = MediaSecurity(srtp="off")
+    request: SipMessage,
+    security: MediaSecurity = MediaSecurity(srtp="off"),
+    *,
+    keep: str | None = None,
 ) -> tuple[sdp.SessionDescription, sdp.Negotiated] | None:
-    """The request's SDP offer and what it negotiates to; None without a body. Raises BadOffer
+    """The request's SDP offer and what it negotiates to (`keep`: the codec of a call it
+    re-offers, kept if offered); None without a body. Raises BadOffer
     with the response to give: 415 for a body that is not SDP, 400 for SDP that does not read,
     488 for no codec in common or media security the policy does not allow."""
     if not request.body:
@@ -60,7 +64,7 @@ def read_offer(
         raise BadOffer(400, f"SDP: {error}", []) from None
     protocols = sdp.PLAIN_RTP + sdp.SECURE_RTP if may_key else sdp.PLAIN_RTP
     try:
-        negotiated = sdp.negotiate(offer, protocols=protocols)
+        negotiated = sdp.negotiate(offer, protocols=protocols, keep=keep)
     except sdp.NoCommonCodec as error:
         reason = str(error)
         secure = [s for s in offer.streams if s.protocol.upper() in sdp.SECURE_RTP]
@@ -90,11 +94,14 @@ def _no_keys_reason(security: MediaSecurity) -> str:
 
 
 def negotiated_offer(
-    request: SipMessage, security: MediaSecurity = MediaSecurity(srtp="off")
+    request: SipMessage,
+    security: MediaSecurity = MediaSecurity(srtp="off"),
+    *,
+    keep: str | None = None,
 ) -> sdp.Negotiated | None:
     """What the request's offer negotiates to (None without one); BadOffer as read_offer, and
     for a request without an offer when SRTP is required (ours would be plain RTP)."""
-    read = read_offer(request, security)
+    read = read_offer(request, security, keep=keep)
     if read is None and security.srtp == "required":
         raise BadOffer(488, "sip.srtp is required: send the SDP offer in the request", [])
     return None if read is None else read[1]

@@ -142,6 +142,13 @@ class RtpSender:
     def payload_type(self) -> int:
         return self._payload_type
 
+    def use_payload_type(self, payload_type: int) -> None:
+        """Send audio under another payload type from the next packet (a re-INVITE's codec);
+        the stream, its sequence numbers and timestamps go on."""
+        _check_payload_type(payload_type)
+        self._payload_type = payload_type
+        self._marker_type = payload_type | 0x80
+
     @property
     def ssrc(self) -> int:
         return self._ssrc

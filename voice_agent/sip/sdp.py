@@ -417,16 +417,23 @@ def _stream(draft: _Draft, session: _Draft) -> MediaStream:
     )
 
 
+def codec_in_use(negotiated: Negotiated | None) -> str | None:
+    """The codec a call is in (None before it has one), for a re-offer to `keep`."""
+    return negotiated.codec.name if negotiated is not None else None
+
+
 def negotiate(
     offer: SessionDescription,
     supported: tuple[str, ...] = SUPPORTED,
     *,
     protocols: tuple[str, ...] = PLAIN_RTP,
+    keep: str | None = None,
 ) -> Negotiated:
     """The audio stream and codec to answer `offer` with (RFC 3264 section 6): the first
     m=audio over one of `protocols` (RTP/AVP(F) by default), port not 0, with a codec in
     `supported`; of its codecs the first we support, as the offerer lists them in its order of
-    preference (section 5.1).
+    preference (section 5.1), but `keep` (the codec a call is in) if a re-offer lists it: a
+    re-INVITE for hold or a new address need not switch the law of a running call.
 
     Raises SdpError when the offer has no audio stream, NoCommonCodec when none we can take."""
     wanted = tuple(name.upper() for name in supported)
@@ -436,7 +443,9 @@ def negotiate(
     for index, stream in audio:
         if stream.port == 0 or stream.protocol.upper() not in protocols:
             continue
-        codec = next((c for c in stream.codecs if _takes(c, wanted)), None)
+        usable = [c for c in stream.codecs if _takes(c, wanted)]
+        kept = [c for c in usable if keep is not None and c.name == keep.upper()]
+        codec = next(iter(kept or usable), None)
         if codec is not None:
             return _negotiated(index, stream, codec, "offer")
     offered = " and ".join(_describe(stream) for _, stream in audio)

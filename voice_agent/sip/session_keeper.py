@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from voice_agent.sip import sdp
 from voice_agent.sip.events import MediaChanged, Send, ServerAction
 from voice_agent.sip.message import SipMessage, SipParseError
 from voice_agent.sip.offer import BadOffer, MediaSecurity, negotiated_offer
@@ -68,7 +69,10 @@ class SessionKeeper:
             return refuse(500, "an offer is still under way", [("Retry-After", "1")])
         try:
             timer = negotiate(request, self.timers, current=call.timer)
-            negotiated = negotiated_offer(request, self.media_security) if request.body else None
+            keep = sdp.codec_in_use(call.negotiated)
+            negotiated = (
+                negotiated_offer(request, self.media_security, keep=keep) if request.body else None
+            )
         except SipParseError as error:
             return refuse(400, str(error), [])
         except BadOffer as bad:

@@ -611,7 +611,7 @@ class UserAgentClient:
         status, headers, body = 488, [("Warning", '305 voice-agent "no offer"')], b""
         negotiated: sdp.Negotiated | None = None
         try:
-            read = read_offer(request)
+            read = read_offer(request, keep=sdp.codec_in_use(call.negotiated))
         except BadOffer as bad:
             read, status, headers = None, bad.status, bad.headers
         if read is not None:

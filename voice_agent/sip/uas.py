@@ -501,7 +501,9 @@ class UserAgentServer:
             return self._refuse_reinvite(call, invite, 491, "our re-INVITE is under way", now_ms)
         try:
             timer = negotiate(invite, self.settings.timers, current=call.timer)
-            negotiated = negotiated_offer(invite, self.settings.media_security)
+            negotiated = negotiated_offer(
+                invite, self.settings.media_security, keep=sdp.codec_in_use(call.negotiated)
+            )
         except SipParseError as error:
             return self._refuse_reinvite(call, invite, 400, str(error), now_ms)
         except BadOffer as bad:
