@@ -16,7 +16,7 @@ the transaction for a failure, 17.1.1.3), and what its final response means:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from voice_agent.sip.dialog import Dialog
@@ -36,7 +36,6 @@ class OurRefresh:
     data: bytes = b""
     ack: bytes = b""  # sent for the final response (again for a retransmitted 2xx)
     final: int | None = None  # the final response's status, once it came
-    headers: list[tuple[str, str]] = field(default_factory=list)
 
 
 def allows_update(invite: SipMessage) -> bool:
@@ -74,7 +73,7 @@ def start_refresh(
             data, dialog.destination(), now_ms, over_stream=over_stream
         )
     via_branch = parse_via(data.split(b"\r\n")[1].decode()[5:]).branch or branch
-    return OurRefresh(method, via_branch, dialog.local_cseq, retransmit, data, headers=extra)
+    return OurRefresh(method, via_branch, dialog.local_cseq, retransmit, data)
 
 
 def refresh_response(
