@@ -250,7 +250,8 @@ class RtpSession:
         """How long neither RTP nor RTCP has come from the caller (since the first ask)."""
         if self._quiet_since_ms is None:
             self._quiet_since_ms = now_ms
-        return now_ms - max(self._heard_ms or self._quiet_since_ms, self._quiet_since_ms)
+        heard = self._heard_ms if self._heard_ms is not None else self._quiet_since_ms
+        return now_ms - max(heard, self._quiet_since_ms)
 
     def heard_audio(self, now_ms: float) -> bytes | None:
         """The caller's next 20 ms for the pipeline, once per tick; None until the first packet.

@@ -25,6 +25,11 @@ ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY, UPDATE"
 SUPPORTED = ("Supported", "timer")  # RFC 4028
 
 
+def warning(reason: str) -> tuple[str, str]:
+    """The Warning header that says why a request was refused (RFC 3261 section 20.43)."""
+    return ("Warning", f'399 voice-agent "{quoted(reason)}"')
+
+
 class Responder:
     def __init__(self, host: str, port: int, stream_ports: dict[str, int], user_agent: str) -> None:
         self.host = host
@@ -93,7 +98,7 @@ class Responder:
         to_tag: str | None = None,
     ) -> list[ServerAction]:
         """A failure response with the reason in a Warning, and the Refused event that logs it."""
-        extra = [*(headers or []), ("Warning", f'399 voice-agent "{quoted(reason)}"')]
+        extra = [*(headers or []), warning(reason)]
         actions = self.reply(
             request, source, status, headers=extra, key=key, now_ms=now_ms, to_tag=to_tag
         )

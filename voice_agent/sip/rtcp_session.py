@@ -35,7 +35,6 @@ class RtcpStats:
     received: int = 0
     sent: int = 0
     unreadable: int = 0  # not RTCP, or failing SRTCP's check
-    bye: bool = False  # the caller said it is leaving (RTCP BYE)
 
 
 class RtcpSession:
@@ -73,7 +72,6 @@ class RtcpSession:
             self.stats.unreadable += 1
             return False
         self.stats.received += 1
-        self.stats.bye = self.stats.bye or report.bye
         self.reception.report(report, self.ssrc, now_ms, self.wall_s(now_ms))
         return True
 

@@ -1,8 +1,8 @@
 """One call as the user agent server keeps it (voice_agent.sip.uas): its INVITE and the
 transaction that answers it, the dialog once it is made, what is being sent again until it is
 acknowledged (our 2xx or refusal, our BYE, our REFER, our session refresh), its session timer
-(RFC 4028) and when the call may be forgotten. The
-server's counterpart of voice_agent.sip.placed_call.
+(RFC 4028) and when the call may be forgotten. The server's counterpart of
+voice_agent.sip.placed_call.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ from voice_agent.sip.message import (
     sipfrag_status,
 )
 from voice_agent.sip.offer import BadOffer, MediaSecurity, negotiated_offer
-from voice_agent.sip.responder import ALLOW, SUPPORTED, Responder
+from voice_agent.sip.responder import ALLOW, SUPPORTED, Responder, warning
 from voice_agent.sip.server_call import ServerCall
 from voice_agent.sip.session_keeper import SessionKeeper
 from voice_agent.sip.session_timer import TimerSettings, TooSmall, negotiate
@@ -538,7 +538,7 @@ class UserAgentServer:
     ) -> list[Action]:
         """Section 14.2: a refused re-INVITE leaves the session as it was. The refusal is
         retransmitted until its ACK (section 17.2.1), without ending the call if none comes."""
-        extra = [*(headers or []), ("Warning", f'399 voice-agent "{quoted(reason)}"')]
+        extra = [*(headers or []), warning(reason)]
         response = build_response(
             invite, status, to_tag=call.local_tag, headers=[*self.responder.common(), *extra]
         )
